@@ -1,0 +1,133 @@
+// Package natsconn opens the NATS connection of a jetfleet component from
+// its configuration: servers, credentials, and reconnection that never gives
+// up, logged through the component's logger.
+package natsconn
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetfleet/jetfleet/pkg/config"
+)
+
+// Config is the nats section of every service's configuration.
+type Config struct {
+	// URL lists the servers, comma-separated. Defaults to nats://127.0.0.1:4222.
+	URL string `koanf:"url"`
+	// User and Password authenticate with a username and password.
+	User     string `koanf:"user"`
+	Password string `koanf:"password" secret:"true"`
+	// Token authenticates with a token.
+	Token string `koanf:"token" secret:"true"`
+	// CredsFile is a JWT user credentials file.
+	CredsFile string `koanf:"creds_file"`
+	// NKeySeedFile is a file holding an NKey seed.
+	NKeySeedFile string `koanf:"nkey_seed_file"`
+	// ConnectTimeout bounds the first connection. Defaults to 10s; the
+	// connection then retries in the background for ever.
+	ConnectTimeout time.Duration `koanf:"connect_timeout"`
+}
+
+// Defaults of Config.
+const (
+	DefaultURL            = "nats://127.0.0.1:4222"
+	DefaultConnectTimeout = 10 * time.Second
+)
+
+// WithDefaults returns c with zero values replaced by defaults.
+func (c Config) WithDefaults() Config {
+	if c.URL == "" {
+		c.URL = DefaultURL
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = DefaultConnectTimeout
+	}
+	return c
+}
+
+// Validate checks c; keys are reported below section (for example "nats").
+func (c Config) Validate(section string) error {
+	var errs []error
+	methods := 0
+	for _, set := range []bool{c.User != "", c.Token != "", c.CredsFile != "", c.NKeySeedFile != ""} {
+		if set {
+			methods++
+		}
+	}
+	if methods > 1 {
+		errs = append(errs, config.Invalid(section+".user", "set only one of user, token, creds_file and nkey_seed_file"))
+	}
+	if c.Password != "" && c.User == "" {
+		errs = append(errs, config.Invalid(section+".password", "needs %s.user", section))
+	}
+	if c.ConnectTimeout < 0 {
+		errs = append(errs, config.Invalid(section+".connect_timeout", "must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// Connect opens a connection named name (shown in the server's monitoring).
+func Connect(c Config, name string, logger *slog.Logger) (*nats.Conn, error) {
+	c = c.WithDefaults()
+	servers, timeout := c.URL, c.ConnectTimeout
+	opts := []nats.Option{
+		nats.Name(name),
+		nats.Timeout(timeout),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectJitter(100*time.Millisecond, time.Second),
+		nats.RetryOnFailedConnect(false),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				logger.Warn("nats disconnected", "error", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			logger.Info("nats reconnected", "server", nc.ConnectedUrlRedacted())
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			subject := ""
+			if sub != nil {
+				subject = sub.Subject
+			}
+			logger.Error("nats async error", "error", err, "subject", subject)
+		}),
+	}
+	switch {
+	case c.User != "":
+		opts = append(opts, nats.UserInfo(c.User, c.Password))
+	case c.Token != "":
+		opts = append(opts, nats.Token(c.Token))
+	case c.CredsFile != "":
+		opts = append(opts, nats.UserCredentials(c.CredsFile))
+	case c.NKeySeedFile != "":
+		opt, err := nats.NkeyOptionFromSeed(c.NKeySeedFile)
+		if err != nil {
+			return nil, fmt.Errorf("nats: nkey seed file: %w", err)
+		}
+		opts = append(opts, opt)
+	}
+	nc, err := nats.Connect(servers, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", redact(servers), err)
+	}
+	return nc, nil
+}
+
+// redact hides credentials embedded in a comma-separated URL list.
+func redact(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		if u, err := url.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
+			u.User = url.User("redacted")
+			parts[i] = u.String()
+		}
+	}
+	return strings.Join(parts, ",")
+}

@@ -1,0 +1,42 @@
+package protocol
+
+// Job message headers. NATS headers are case-sensitive: write them exactly so.
+const (
+	// HeaderMsgID is JetStream's idempotency key: a second message with the
+	// same id inside the stream's duplicate window is dropped.
+	HeaderMsgID = "Nats-Msg-Id"
+	// HeaderJobID is the job's identity. Falls back to Nats-Msg-Id, then to
+	// "JOBS-<stream sequence>".
+	HeaderJobID = "Jetfleet-Job-Id"
+	// HeaderTimeout bounds one attempt, as a duration such as "30s" or "1m30s".
+	HeaderTimeout = "Jetfleet-Timeout"
+	// HeaderMaxAttempts is the number of attempts before the job is dead-lettered.
+	HeaderMaxAttempts = "Jetfleet-Max-Attempts"
+	// HeaderBackoff lists the delays before retries, comma-separated durations
+	// ("1s,10s,1m"); the last one repeats.
+	HeaderBackoff = "Jetfleet-Backoff"
+	// HeaderScheduleID names the schedule that fired the job.
+	HeaderScheduleID = "Jetfleet-Schedule-Id"
+	// HeaderNominalTime is the schedule's nominal fire time, RFC 3339.
+	HeaderNominalTime = "Jetfleet-Nominal-Time"
+	// HeaderReplayedFrom marks a job republished from the dead-letter stream:
+	// "DLQ:<sequence>".
+	HeaderReplayedFrom = "Jetfleet-Replayed-From"
+	// HeaderTraceParent and HeaderTraceState carry W3C trace context, lowercase.
+	HeaderTraceParent = "traceparent"
+	HeaderTraceState  = "tracestate"
+)
+
+// Dead-letter message headers (besides Nats-Msg-Id), so tools can filter
+// without decoding the body.
+const (
+	HeaderDeadReason = "Jetfleet-Dead-Reason"
+)
+
+// Headers JetStream adds to messages returned by direct get and message get.
+const (
+	HeaderNatsStream    = "Nats-Stream"
+	HeaderNatsSubject   = "Nats-Subject"
+	HeaderNatsSequence  = "Nats-Sequence"
+	HeaderNatsTimeStamp = "Nats-Time-Stamp"
+)

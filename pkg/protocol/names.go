@@ -1,0 +1,146 @@
+package protocol
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// Streams.
+const (
+	// StreamJobs holds job messages (work-queue retention) on JobsSubjects.
+	StreamJobs = "JOBS"
+	// StreamDLQ holds dead letters on DLQSubjects.
+	StreamDLQ = "DLQ"
+	// StreamEvents holds job and schedule events on EventsSubjects.
+	StreamEvents = "EVENTS"
+	// StreamAdvisories captures the JetStream advisories the supervisor acts on.
+	StreamAdvisories = "ADVISORIES"
+)
+
+// Key-value buckets.
+const (
+	BucketSchedules     = "schedules"
+	BucketScheduleState = "schedule_state"
+	BucketLeases        = "leases"
+	BucketAgents        = "agents"
+)
+
+// Subject roots and wildcards.
+const (
+	JobsSubjects   = "jobs.>"
+	DLQSubjects    = "dlq.>"
+	EventsSubjects = "events.>"
+	// JobEventsSubjects matches every job event.
+	JobEventsSubjects = "events.job.>"
+	// ScheduleEventsSubjects matches every schedule event.
+	ScheduleEventsSubjects = "events.schedule.>"
+	// HeartbeatsSubjects matches the heartbeats of every agent.
+	HeartbeatsSubjects = "jetfleet.agents.*.heartbeat"
+	// AlertsSubjects matches every alert.
+	AlertsSubjects = "jetfleet.alerts.>"
+	// APISubjects is the root of the request/reply APIs of the services.
+	APISubjects = "jetfleet.api.>"
+)
+
+// Advisories the ADVISORIES stream captures for the JOBS stream.
+const (
+	AdvisoryMaxDeliveriesSubjects = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + StreamJobs + ".>"
+	AdvisoryTerminatedSubjects    = "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED." + StreamJobs + ".>"
+)
+
+// tokenPattern is what a queue, a kind, an agent id and a schedule id may
+// contain: one NATS subject token that is also a valid consumer name and
+// key-value key, and readable in a shell.
+var tokenPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+
+// ValidateToken reports whether s can be used as a queue name, job kind,
+// agent id or schedule id. what names the concept in the error ("queue").
+func ValidateToken(what, s string) error {
+	if !tokenPattern.MatchString(s) {
+		return fmt.Errorf("invalid %s %q: use 1 to 128 letters, digits, '-' or '_'", what, s)
+	}
+	return nil
+}
+
+// QueueConsumer is the durable pull consumer that serves queue.
+func QueueConsumer(queue string) string { return "queue-" + queue }
+
+// JobSubject is the subject a job of kind is published on in queue.
+func JobSubject(queue, kind string) string { return "jobs." + queue + "." + kind }
+
+// QueueSubjects is the filter of queue's consumer.
+func QueueSubjects(queue string) string { return "jobs." + queue + ".>" }
+
+// ParseJobSubject splits jobs.<queue>.<kind> into its queue and kind.
+func ParseJobSubject(subject string) (queue, kind string, err error) {
+	return parseTwoTokenSubject("jobs", subject)
+}
+
+// DLQSubject is the subject of a dead letter of kind from queue.
+func DLQSubject(queue, kind string) string { return "dlq." + queue + "." + kind }
+
+// ParseDLQSubject splits dlq.<queue>.<kind> into its queue and kind.
+func ParseDLQSubject(subject string) (queue, kind string, err error) {
+	return parseTwoTokenSubject("dlq", subject)
+}
+
+func parseTwoTokenSubject(root, subject string) (queue, kind string, err error) {
+	parts := strings.Split(subject, ".")
+	if len(parts) != 3 || parts[0] != root {
+		return "", "", fmt.Errorf("subject %q is not of the form %s.<queue>.<kind>", subject, root)
+	}
+	if err := ValidateToken("queue", parts[1]); err != nil {
+		return "", "", err
+	}
+	if err := ValidateToken("kind", parts[2]); err != nil {
+		return "", "", err
+	}
+	return parts[1], parts[2], nil
+}
+
+// JobEventSubject is where an event of type eventType about a job is
+// published: events.job.<queue>.<kind>.<type>.<job token>.
+func JobEventSubject(queue, kind, eventType, jobID string) string {
+	return "events.job." + queue + "." + kind + "." + eventType + "." + JobToken(jobID)
+}
+
+// JobEventsOfJob matches every event of one job; the last message on it is
+// the job's status.
+func JobEventsOfJob(queue, kind, jobID string) string {
+	return "events.job." + queue + "." + kind + ".*." + JobToken(jobID)
+}
+
+// JobEventsOfID matches every event of a job whose queue and kind are unknown.
+func JobEventsOfID(jobID string) string {
+	return "events.job.*.*.*." + JobToken(jobID)
+}
+
+// JobEventsOfType matches events of one type about jobs of kind in queue;
+// "*" stands for any queue, kind or type.
+func JobEventsOfType(queue, kind, eventType string) string {
+	return "events.job." + queue + "." + kind + "." + eventType + ".*"
+}
+
+// ScheduleEventSubject is where an event about a schedule is published.
+func ScheduleEventSubject(scheduleID, eventType string) string {
+	return "events.schedule." + scheduleID + "." + eventType
+}
+
+// HeartbeatSubject is where agentID publishes its heartbeats.
+func HeartbeatSubject(agentID string) string { return "jetfleet.agents." + agentID + ".heartbeat" }
+
+// ControlSubject is where agentID listens for commands (AgentCommand documents).
+func ControlSubject(agentID string) string { return "jetfleet.agents." + agentID + ".control" }
+
+// ParseHeartbeatSubject returns the agent id of a heartbeat subject.
+func ParseHeartbeatSubject(subject string) (string, error) {
+	parts := strings.Split(subject, ".")
+	if len(parts) != 4 || parts[0] != "jetfleet" || parts[1] != "agents" || parts[3] != "heartbeat" {
+		return "", fmt.Errorf("subject %q is not of the form jetfleet.agents.<agent_id>.heartbeat", subject)
+	}
+	return parts[2], ValidateToken("agent id", parts[2])
+}
+
+// AlertSubject is where alerts of severity are published.
+func AlertSubject(severity string) string { return "jetfleet.alerts." + severity }

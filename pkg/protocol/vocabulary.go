@@ -1,0 +1,59 @@
+package protocol
+
+// Job event types (JobEvent.type), also the last subject token of the event.
+const (
+	// EventStarted: an attempt began on an agent.
+	EventStarted = "started"
+	// EventSucceeded: the handler returned success and the ack was confirmed.
+	EventSucceeded = "succeeded"
+	// EventRetrying: the attempt failed and the job will be redelivered after retry_in.
+	EventRetrying = "retrying"
+	// EventSnoozed: the handler asked to run again after retry_in without spending an attempt.
+	EventSnoozed = "snoozed"
+	// EventReleased: the agent handed the job back without spending an attempt,
+	// because it is stopping or does not run the kind (reason says which).
+	EventReleased = "released"
+	// EventFailed: the attempt failed and no attempt follows; a dead letter follows.
+	EventFailed = "failed"
+	// EventCancelled: the job was cancelled while running; a dead letter follows.
+	EventCancelled = "cancelled"
+	// EventDead: the job was written to the dead-letter stream.
+	EventDead = "dead"
+	// EventRescued: the supervisor released the job of a dead agent for redelivery.
+	EventRescued = "rescued"
+	// EventTimedOut: the supervisor found the job running past its deadline.
+	EventTimedOut = "timed_out"
+	// EventSkippedDuplicate: a redelivered job had already succeeded and was acked without running.
+	EventSkippedDuplicate = "skipped_duplicate"
+)
+
+// Schedule event types (ScheduleEvent.type).
+const (
+	EventFired   = "fired"
+	EventSkipped = "skipped"
+	EventMissed  = "missed"
+	EventPaused  = "paused"
+	EventResumed = "resumed"
+	EventCreated = "created"
+	EventUpdated = "updated"
+	EventDeleted = "deleted"
+)
+
+// Dead-letter reasons (DeadLetter.reason).
+const (
+	ReasonMaxAttempts      = "max_attempts"
+	ReasonNonRetryable     = "non_retryable"
+	ReasonCancelled        = "cancelled"
+	ReasonMaxDeliveries    = "max_deliveries"
+	ReasonTerminated       = "terminated"
+	ReasonTimedOut         = "timed_out"
+	ReasonMalformedPayload = "malformed_payload"
+	ReasonUnknownKind      = "unknown_kind"
+	ReasonInvalidHeaders   = "invalid_headers"
+	ReasonPayloadTooLarge  = "payload_too_large"
+)
+
+// Agent command actions (AgentCommand.action).
+const (
+	CommandCancel = "cancel"
+)

@@ -1,0 +1,371 @@
+// Package topology provisions the JetStream streams, consumers and
+// key-value buckets of a jetfleet fleet. Provisioning is idempotent and safe
+// when several services start at once: what is missing is created, what
+// differs in a safe way is updated, and what cannot change without losing
+// data (or belongs to someone else) is refused with an error that says so.
+package topology
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfleet/jetfleet/pkg/protocol"
+)
+
+// IncompatibleError reports an existing stream, bucket or consumer that
+// provisioning will not change.
+type IncompatibleError struct {
+	Kind   string // "stream", "bucket" or "consumer"
+	Name   string
+	Reason string
+}
+
+func (e *IncompatibleError) Error() string {
+	return fmt.Sprintf("existing %s %s is incompatible: %s", e.Kind, e.Name, e.Reason)
+}
+
+// Streams returns the desired configuration of every stream.
+func Streams(c Config) []jetstream.StreamConfig {
+	c = c.WithDefaults()
+	storage := storageType(c.Storage)
+	return []jetstream.StreamConfig{
+		{
+			Name:        protocol.StreamJobs,
+			Description: "jetfleet jobs: jobs.<queue>.<kind>",
+			Subjects:    []string{protocol.JobsSubjects},
+			Retention:   jetstream.WorkQueuePolicy,
+			Discard:     jetstream.DiscardNew,
+			MaxMsgs:     limit(c.MaxQueuedJobs),
+			MaxBytes:    -1,
+			MaxAge:      0,
+			MaxMsgSize:  int32(c.MaxJobSize),
+			Storage:     storage,
+			Replicas:    c.Replicas,
+			Duplicates:  c.DuplicateWindow,
+			AllowDirect: true,
+		},
+		{
+			Name:        protocol.StreamDLQ,
+			Description: "jetfleet dead letters: dlq.<queue>.<kind>",
+			Subjects:    []string{protocol.DLQSubjects},
+			Retention:   jetstream.LimitsPolicy,
+			Discard:     jetstream.DiscardOld,
+			MaxMsgs:     -1,
+			MaxBytes:    limit(int64(c.DLQMaxBytes)),
+			MaxAge:      c.DLQMaxAge,
+			Storage:     storage,
+			Replicas:    c.Replicas,
+			Duplicates:  min(time.Hour, c.DLQMaxAge),
+			AllowDirect: true,
+		},
+		{
+			Name:        protocol.StreamEvents,
+			Description: "jetfleet events: events.job.<queue>.<kind>.<type>.<job>, events.schedule.<id>.<type>",
+			Subjects:    []string{protocol.EventsSubjects},
+			Retention:   jetstream.LimitsPolicy,
+			Discard:     jetstream.DiscardOld,
+			MaxMsgs:     -1,
+			MaxBytes:    limit(int64(c.EventsMaxBytes)),
+			MaxAge:      c.EventsMaxAge,
+			Storage:     storage,
+			Replicas:    c.Replicas,
+			Duplicates:  min(2*time.Minute, c.EventsMaxAge),
+			AllowDirect: true,
+		},
+		{
+			Name:        protocol.StreamAdvisories,
+			Description: "JetStream advisories about the JOBS stream, kept for the supervisor",
+			Subjects:    []string{protocol.AdvisoryMaxDeliveriesSubjects, protocol.AdvisoryTerminatedSubjects},
+			Retention:   jetstream.LimitsPolicy,
+			Discard:     jetstream.DiscardOld,
+			MaxMsgs:     -1,
+			MaxBytes:    -1,
+			MaxAge:      c.EventsMaxAge,
+			Storage:     storage,
+			Replicas:    c.Replicas,
+			Duplicates:  min(2*time.Minute, c.EventsMaxAge),
+		},
+	}
+}
+
+// bucketSpec is a bucket's desired configuration and whether its content
+// is disposable (a limit may then shrink without AllowDestructiveUpdates).
+type bucketSpec struct {
+	cfg        jetstream.KeyValueConfig
+	disposable bool
+}
+
+func buckets(c Config) []bucketSpec {
+	c = c.WithDefaults()
+	storage := storageType(c.Storage)
+	kv := func(name, desc string, history uint8, ttl time.Duration) jetstream.KeyValueConfig {
+		return jetstream.KeyValueConfig{Bucket: name, Description: desc, History: history, TTL: ttl,
+			Storage: storage, Replicas: c.Replicas, MaxBytes: -1, MaxValueSize: -1}
+	}
+	return []bucketSpec{
+		{cfg: kv(protocol.BucketSchedules, "jetfleet schedule definitions", 5, 0)},
+		{cfg: kv(protocol.BucketScheduleState, "jetfleet schedule state", 1, 0)},
+		{cfg: kv(protocol.BucketLeases, "jetfleet leader leases", 1, c.LeaseTTL), disposable: true},
+		{cfg: kv(protocol.BucketAgents, "jetfleet agent registry", 1, c.AgentTTL), disposable: true},
+	}
+}
+
+// Ensure provisions every stream and bucket of c.
+func Ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
+	for _, sc := range Streams(c) {
+		if err := EnsureStream(ctx, js, sc, c.AllowDestructiveUpdates); err != nil {
+			return err
+		}
+	}
+	for _, b := range buckets(c) {
+		if err := ensureBucket(ctx, js, b, c.AllowDestructiveUpdates); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Verify waits until every stream and bucket of c exists, for services that
+// may not create them; it fails with what is still missing when ctx ends.
+func Verify(ctx context.Context, js jetstream.JetStream, c Config) error {
+	for {
+		var missing []string
+		for _, sc := range Streams(c) {
+			if _, err := js.Stream(ctx, sc.Name); err != nil {
+				missing = append(missing, "stream "+sc.Name+" ("+err.Error()+")")
+			}
+		}
+		for _, b := range buckets(c) {
+			if _, err := js.KeyValue(ctx, b.cfg.Bucket); err != nil {
+				missing = append(missing, "bucket "+b.cfg.Bucket+" ("+err.Error()+")")
+			}
+		}
+		if len(missing) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("topology not provisioned (topology.verify_only is set, so this service waits for another to create it): missing %s",
+				strings.Join(missing, ", "))
+		case <-time.After(500 * time.Millisecond): // polling for another service's work; no event announces it
+		}
+	}
+}
+
+// EnsureStream creates the stream or brings an existing one to want.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, allowDestructive bool) error {
+	for attempt := 0; ; attempt++ {
+		_, err := js.CreateStream(ctx, want)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return fmt.Errorf("create stream %s: %w", want.Name, err)
+		}
+		s, err := js.Stream(ctx, want.Name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) && attempt < 3 {
+			continue // deleted between our create and our lookup
+		}
+		if err != nil {
+			return fmt.Errorf("look up stream %s: %w", want.Name, err)
+		}
+		have := s.CachedInfo().Config
+		update, err := reconcileStream(have, want, allowDestructive)
+		if err != nil || update == nil {
+			return err
+		}
+		if _, err := js.UpdateStream(ctx, *update); err != nil {
+			return fmt.Errorf("update stream %s: %w", want.Name, err)
+		}
+		return nil
+	}
+}
+
+// reconcileStream returns the config to update have with, nil when it
+// already matches, or an error when the change is refused.
+func reconcileStream(have, want jetstream.StreamConfig, allowDestructive bool) (*jetstream.StreamConfig, error) {
+	bad := func(format string, args ...any) error {
+		return &IncompatibleError{Kind: "stream", Name: want.Name, Reason: fmt.Sprintf(format, args...)}
+	}
+	if have.Retention != want.Retention {
+		return nil, bad("retention is %s, jetfleet needs %s; changing it is not possible in place", have.Retention, want.Retention)
+	}
+	if have.Storage != want.Storage {
+		return nil, bad("storage is %s, configured %s; changing it is not possible in place", have.Storage, want.Storage)
+	}
+	if !slices.Equal(sorted(have.Subjects), sorted(want.Subjects)) {
+		return nil, bad("it captures subjects %v, jetfleet needs %v; it may belong to another application", have.Subjects, want.Subjects)
+	}
+	if !allowDestructive {
+		for _, l := range []struct {
+			name       string
+			have, want int64
+		}{
+			{"max_age", int64(have.MaxAge), int64(want.MaxAge)},
+			{"max_bytes", have.MaxBytes, want.MaxBytes},
+			{"max_msgs", have.MaxMsgs, want.MaxMsgs},
+			{"max_msgs_per_subject", have.MaxMsgsPerSubject, want.MaxMsgsPerSubject},
+		} {
+			if lowers(l.have, l.want) {
+				return nil, bad("lowering %s from %d to %d could delete stored messages; set topology.allow_destructive_updates to allow it",
+					l.name, l.have, l.want)
+			}
+		}
+	}
+	next := have // keep what jetfleet does not manage
+	next.Description = want.Description
+	next.Discard = want.Discard
+	next.MaxMsgs = want.MaxMsgs
+	next.MaxBytes = want.MaxBytes
+	next.MaxAge = want.MaxAge
+	next.MaxMsgsPerSubject = want.MaxMsgsPerSubject
+	next.MaxMsgSize = want.MaxMsgSize
+	next.Replicas = want.Replicas
+	next.Duplicates = want.Duplicates
+	next.AllowDirect = want.AllowDirect
+	if streamManagedEqual(have, next) {
+		return nil, nil
+	}
+	return &next, nil
+}
+
+func streamManagedEqual(a, b jetstream.StreamConfig) bool {
+	return a.Description == b.Description && a.Discard == b.Discard &&
+		sameLimit(a.MaxMsgs, b.MaxMsgs) && sameLimit(a.MaxBytes, b.MaxBytes) && a.MaxAge == b.MaxAge &&
+		sameLimit(a.MaxMsgsPerSubject, b.MaxMsgsPerSubject) && sameLimit(int64(a.MaxMsgSize), int64(b.MaxMsgSize)) &&
+		a.Replicas == b.Replicas && a.Duplicates == b.Duplicates && a.AllowDirect == b.AllowDirect
+}
+
+func ensureBucket(ctx context.Context, js jetstream.JetStream, spec bucketSpec, allowDestructive bool) error {
+	want := spec.cfg
+	_, err := js.CreateKeyValue(ctx, want)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, jetstream.ErrBucketExists) {
+		return fmt.Errorf("create bucket %s: %w", want.Bucket, err)
+	}
+	kv, err := js.KeyValue(ctx, want.Bucket)
+	if err != nil {
+		return fmt.Errorf("look up bucket %s: %w", want.Bucket, err)
+	}
+	status, err := kv.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("status of bucket %s: %w", want.Bucket, err)
+	}
+	have := status.Config()
+	bad := func(format string, args ...any) error {
+		return &IncompatibleError{Kind: "bucket", Name: want.Bucket, Reason: fmt.Sprintf(format, args...)}
+	}
+	if have.Storage != want.Storage {
+		return bad("storage is %s, configured %s; changing it is not possible in place", have.Storage, want.Storage)
+	}
+	if !allowDestructive && !spec.disposable {
+		if lowers(int64(have.TTL), int64(want.TTL)) {
+			return bad("lowering its TTL from %s to %s could delete stored values; set topology.allow_destructive_updates to allow it", have.TTL, want.TTL)
+		}
+		if have.History > want.History {
+			return bad("lowering its history from %d to %d deletes stored revisions; set topology.allow_destructive_updates to allow it", have.History, want.History)
+		}
+	}
+	if have.TTL == want.TTL && have.History == want.History && have.Replicas == want.Replicas &&
+		have.Description == want.Description {
+		return nil
+	}
+	if _, err := js.UpdateKeyValue(ctx, want); err != nil {
+		return fmt.Errorf("update bucket %s: %w", want.Bucket, err)
+	}
+	return nil
+}
+
+// QueueConsumerConfig is the desired consumer of queue.
+func QueueConsumerConfig(queue string, q QueueConfig) jetstream.ConsumerConfig {
+	q = q.WithDefaults()
+	name := protocol.QueueConsumer(queue)
+	return jetstream.ConsumerConfig{
+		Name:          name,
+		Durable:       name,
+		Description:   "jetfleet queue " + queue,
+		FilterSubject: protocol.QueueSubjects(queue),
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       q.AckWait,
+		MaxDeliver:    q.MaxDeliver,
+		MaxAckPending: q.MaxAckPending,
+		ReplayPolicy:  jetstream.ReplayInstantPolicy,
+	}
+}
+
+// EnsureQueue creates or updates the durable consumer of queue, keeping a
+// pause (set by the supervisor's circuit breaker) in place.
+func EnsureQueue(ctx context.Context, js jetstream.JetStream, c Config, queue string) (jetstream.Consumer, error) {
+	if err := protocol.ValidateToken("queue", queue); err != nil {
+		return nil, err
+	}
+	want := QueueConsumerConfig(queue, c.Queue(queue))
+	cons, err := js.CreateConsumer(ctx, protocol.StreamJobs, want)
+	if err == nil {
+		return cons, nil
+	}
+	if !errors.Is(err, jetstream.ErrConsumerExists) {
+		return nil, fmt.Errorf("create consumer %s: %w", want.Name, err)
+	}
+	cons, err = js.Consumer(ctx, protocol.StreamJobs, want.Name)
+	if err != nil {
+		return nil, fmt.Errorf("look up consumer %s: %w", want.Name, err)
+	}
+	have := cons.CachedInfo().Config
+	if have.FilterSubject != want.FilterSubject || have.AckPolicy != want.AckPolicy {
+		return nil, &IncompatibleError{Kind: "consumer", Name: want.Name,
+			Reason: fmt.Sprintf("filter %q with ack policy %s; jetfleet needs %q with %s", have.FilterSubject, have.AckPolicy, want.FilterSubject, want.AckPolicy)}
+	}
+	if have.AckWait == want.AckWait && have.MaxDeliver == want.MaxDeliver && have.MaxAckPending == want.MaxAckPending &&
+		have.Description == want.Description {
+		return cons, nil
+	}
+	want.PauseUntil = have.PauseUntil
+	cons, err = js.UpdateConsumer(ctx, protocol.StreamJobs, want)
+	if err != nil {
+		return nil, fmt.Errorf("update consumer %s: %w", want.Name, err)
+	}
+	return cons, nil
+}
+
+func storageType(s string) jetstream.StorageType {
+	if s == "memory" {
+		return jetstream.MemoryStorage
+	}
+	return jetstream.FileStorage
+}
+
+// limit maps "0 = unlimited" configuration values to JetStream's -1.
+func limit(v int64) int64 {
+	if v <= 0 {
+		return -1
+	}
+	return v
+}
+
+// sameLimit compares limits where zero and negative both mean unlimited.
+func sameLimit(a, b int64) bool { return limit(a) == limit(b) }
+
+// lowers reports whether going from have to want tightens a limit (0 or
+// negative is unlimited).
+func lowers(have, want int64) bool {
+	if want <= 0 {
+		return false
+	}
+	return have <= 0 || want < have
+}
+
+func sorted(s []string) []string {
+	out := slices.Clone(s)
+	slices.Sort(out)
+	return out
+}
