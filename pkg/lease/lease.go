@@ -1,0 +1,256 @@
+// Package lease elects one leader among the replicas of a service through a
+// key in a JetStream key-value bucket whose TTL drops the key when nobody
+// renews it. The scheduler and the supervisor each hold their own key.
+package lease
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfleet/jetfleet/pkg/clock"
+	"github.com/jetfleet/jetfleet/pkg/telemetry"
+)
+
+// Config describes one replica's elector.
+type Config struct {
+	// KV is the bucket of leases; its TTL must be TTL.
+	KV jetstream.KeyValue
+	// Key is the lease's key in KV.
+	Key string
+	// Holder names this replica in the lease's value.
+	Holder string
+	// Role names what the lease elects, for logs ("scheduler").
+	Role string
+	// TTL is the bucket's TTL: the server drops an unrenewed lease after it.
+	TTL time.Duration
+	// Renew is how often the leader renews; well inside TTL-TTL/5.
+	Renew time.Duration
+	// Acquire is how often a follower tries to take a free lease.
+	Acquire time.Duration
+	// Clock is the real clock in production: the TTL it races is measured
+	// by the server. Defaults to clock.Real().
+	Clock clock.Clock
+	// Log receives leadership changes and renewal failures.
+	Log *slog.Logger
+	// OnChange is called, from the elector's goroutine, when leadership is
+	// gained or lost. It may be nil.
+	OnChange func(leading bool)
+}
+
+// Elector holds or seeks the leader lease. It takes the key with Create
+// (which fails while someone holds it), renews it with a revision-checked
+// Update well inside the TTL, and steps down on its own once its local
+// deadline passes without a confirmed renewal. The deadline counts from the
+// moment a write was sent, which is no later than the server's timestamp of
+// that write, minus a margin of TTL/5: a leader therefore always stops acting
+// before the server can let another replica take the key.
+type Elector struct {
+	cfg    Config
+	margin time.Duration
+
+	mu       sync.Mutex
+	leading  bool
+	deadline time.Time
+	rev      uint64
+	resigned bool
+}
+
+// Value is what the lease key holds.
+type Value struct {
+	Holder     string    `json:"holder"`
+	AcquiredAt time.Time `json:"acquired_at"`
+	RenewedAt  time.Time `json:"renewed_at"`
+}
+
+// New returns an elector; Run makes it seek the lease.
+func New(cfg Config) *Elector {
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real()
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.OnChange == nil {
+		cfg.OnChange = func(bool) {}
+	}
+	if cfg.Role == "" {
+		cfg.Role = "service"
+	}
+	return &Elector{cfg: cfg, margin: cfg.TTL / 5}
+}
+
+// Read returns the lease's current value: who leads, since when. It fails
+// with jetstream.ErrKeyNotFound when nobody does.
+func Read(ctx context.Context, kv jetstream.KeyValue, key string) (Value, error) {
+	var v Value
+	kve, err := kv.Get(ctx, key)
+	if err != nil {
+		return v, err
+	}
+	if err := json.Unmarshal(kve.Value(), &v); err != nil {
+		return v, fmt.Errorf("lease %s: %w", key, err)
+	}
+	return v, nil
+}
+
+// IsLeader reports whether this replica holds the lease and its local
+// deadline has not passed.
+func (el *Elector) IsLeader() bool {
+	el.mu.Lock()
+	defer el.mu.Unlock()
+	return el.leading && !el.resigned && el.cfg.Clock.Now().Before(el.deadline)
+}
+
+// Run seeks, holds and renews the lease until ctx ends.
+func (el *Elector) Run(ctx context.Context) {
+	clk := el.cfg.Clock
+	timer := clk.NewTimer(0)
+	defer timer.Stop()
+	var acquiredAt time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			el.stepDown("stopping")
+			return
+		case <-timer.C():
+		}
+		el.mu.Lock()
+		leading, rev, deadline, resigned := el.leading, el.rev, el.deadline, el.resigned
+		el.mu.Unlock()
+		if resigned {
+			el.stepDown("resigned")
+			timer.Reset(time.Hour)
+			continue
+		}
+		now := clk.Now()
+		if !leading {
+			acquiredAt = now
+			newDeadline := now.Add(el.cfg.TTL - el.margin)
+			if newRev, err := el.write(ctx, 0, acquiredAt, now, newDeadline); err == nil {
+				el.mu.Lock()
+				el.leading, el.rev, el.deadline = true, newRev, newDeadline
+				el.mu.Unlock()
+				el.cfg.Log.Info("became "+el.cfg.Role+" leader", "holder", el.cfg.Holder)
+				el.cfg.OnChange(true)
+				timer.Reset(el.cfg.Renew)
+			} else {
+				if !errors.Is(err, jetstream.ErrKeyExists) && ctx.Err() == nil {
+					el.cfg.Log.Debug("could not take the leader lease", telemetry.LogError, err)
+				}
+				timer.Reset(el.cfg.Acquire)
+			}
+			continue
+		}
+		if !now.Before(deadline) {
+			el.stepDown("lease deadline passed without renewal")
+			timer.Reset(el.cfg.Acquire)
+			continue
+		}
+		// A renewal's reply after the current deadline could not make the
+		// leader act longer anyway: the write gives up there.
+		newRev, err := el.write(ctx, rev, acquiredAt, now, deadline)
+		switch {
+		case err == nil:
+			el.mu.Lock()
+			el.rev, el.deadline = newRev, now.Add(el.cfg.TTL-el.margin)
+			el.mu.Unlock()
+			timer.Reset(el.cfg.Renew)
+		case errors.Is(err, jetstream.ErrKeyRevisionMismatch):
+			// An earlier renewal whose reply was lost may have been stored:
+			// then the key is still ours, at a revision we did not see.
+			if el.adopt(ctx) {
+				timer.Reset(0) // renew at once from the adopted revision
+				continue
+			}
+			el.stepDown("lease taken or expired: " + err.Error())
+			timer.Reset(el.cfg.Acquire)
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			el.stepDown("lease taken or expired: " + err.Error())
+			timer.Reset(el.cfg.Acquire)
+		default:
+			// Unknown outcome (timeout, disconnection): try again soon, and
+			// give up at the deadline.
+			el.cfg.Log.Warn("leader lease renewal failed", telemetry.LogError, err)
+			timer.Reset(min(el.cfg.Renew/4+1, max(deadline.Sub(clk.Now()), 0)))
+		}
+	}
+}
+
+// adopt reads the lease after a renewal met an unexpected revision. When
+// this replica still holds it (a renewal whose outcome was unknown was
+// stored), it takes that revision, and the deadline that write earned: its
+// renewed_at, the time this replica sent it, plus TTL minus the margin.
+func (el *Elector) adopt(ctx context.Context) bool {
+	gctx, cancel := context.WithTimeout(ctx, el.cfg.TTL-el.margin)
+	defer cancel()
+	kve, err := el.cfg.KV.Get(gctx, el.cfg.Key)
+	if err != nil {
+		return false
+	}
+	var v Value
+	if json.Unmarshal(kve.Value(), &v) != nil || v.Holder != el.cfg.Holder {
+		return false
+	}
+	deadline := v.RenewedAt.Add(el.cfg.TTL - el.margin)
+	if !el.cfg.Clock.Now().Before(deadline) {
+		return false
+	}
+	el.mu.Lock()
+	el.rev, el.deadline = kve.Revision(), deadline
+	el.mu.Unlock()
+	el.cfg.Log.Info("leader lease renewal was stored although its reply was lost; keeping the lease", "revision", kve.Revision())
+	return true
+}
+
+// write creates the key (rev 0) or updates it at rev, giving up at until.
+func (el *Elector) write(ctx context.Context, rev uint64, acquiredAt, now, until time.Time) (uint64, error) {
+	val, _ := json.Marshal(Value{Holder: el.cfg.Holder, AcquiredAt: acquiredAt.UTC(), RenewedAt: now.UTC()})
+	wctx, cancel := context.WithTimeout(ctx, until.Sub(el.cfg.Clock.Now()))
+	defer cancel()
+	if rev == 0 {
+		return el.cfg.KV.Create(wctx, el.cfg.Key, val)
+	}
+	return el.cfg.KV.Update(wctx, el.cfg.Key, val, rev)
+}
+
+func (el *Elector) stepDown(reason string) {
+	el.mu.Lock()
+	was := el.leading
+	el.leading = false
+	el.mu.Unlock()
+	if was {
+		el.cfg.Log.Info("stepped down as "+el.cfg.Role+" leader", "reason", reason)
+		el.cfg.OnChange(false)
+	}
+}
+
+// Resign makes IsLeader false at once; Run steps down next and stops
+// seeking the lease.
+func (el *Elector) Resign() {
+	el.mu.Lock()
+	el.resigned = true
+	el.mu.Unlock()
+}
+
+// Release deletes the lease if this replica still holds its last revision,
+// so that another replica can take over without waiting for the TTL.
+func (el *Elector) Release(ctx context.Context) {
+	el.mu.Lock()
+	rev := el.rev
+	el.rev = 0
+	el.mu.Unlock()
+	if rev == 0 {
+		return
+	}
+	if err := el.cfg.KV.Delete(ctx, el.cfg.Key, jetstream.LastRevision(rev)); err != nil &&
+		!errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		el.cfg.Log.Debug("could not release the leader lease", telemetry.LogError, err)
+	}
+}

@@ -1,0 +1,168 @@
+package lease
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetfleet/jetfleet/pkg/fleettest"
+	"github.com/jetfleet/jetfleet/pkg/natstest"
+)
+
+const testTTL = 2 * time.Second
+
+// changes records an elector's leadership changes.
+type changes struct {
+	mu     sync.Mutex
+	events []bool
+	gained chan struct{}
+}
+
+func (c *changes) record(leading bool) {
+	c.mu.Lock()
+	c.events = append(c.events, leading)
+	c.mu.Unlock()
+	if leading {
+		select {
+		case c.gained <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (c *changes) list() []bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]bool(nil), c.events...)
+}
+
+func newBucket(t *testing.T) jetstream.KeyValue {
+	t.Helper()
+	_, js := natstest.JetStream(t, natstest.Server(t))
+	kv, err := js.CreateKeyValue(fleettest.Ctx(t, 10*time.Second), jetstream.KeyValueConfig{Bucket: "leases", TTL: testTTL})
+	require.NoError(t, err)
+	return kv
+}
+
+// start runs an elector until the test ends and returns its changes.
+func start(t *testing.T, kv jetstream.KeyValue, holder string) (*Elector, *changes) {
+	t.Helper()
+	ch := &changes{gained: make(chan struct{}, 1)}
+	el := New(Config{KV: kv, Key: "svc", Holder: holder, Role: "test", TTL: testTTL,
+		Renew: testTTL / 4, Acquire: testTTL / 20, Log: fleettest.Logger(t), OnChange: ch.record})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); el.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return el, ch
+}
+
+func waitGained(t *testing.T, ch *changes, timeout time.Duration) {
+	t.Helper()
+	select {
+	case <-ch.gained:
+	case <-time.After(timeout):
+		t.Fatalf("leadership not gained within %s", timeout)
+	}
+}
+
+// TestOneLeaderAndAReleasedLeaseIsTakenAtOnce: of two replicas one leads;
+// when it resigns and releases the lease, the other leads well before the
+// TTL could have dropped the key.
+func TestOneLeaderAndAReleasedLeaseIsTakenAtOnce(t *testing.T) {
+	kv := newBucket(t)
+	a, aCh := start(t, kv, "a")
+	waitGained(t, aCh, 5*time.Second)
+	b, bCh := start(t, kv, "b")
+	require.True(t, a.IsLeader())
+	// b tries every TTL/20; after several attempts it still follows.
+	deadline := time.Now().Add(testTTL / 2)
+	for time.Now().Before(deadline) {
+		require.False(t, a.IsLeader() && b.IsLeader(), "two leaders at once")
+		select {
+		case <-bCh.gained:
+			t.Fatal("b took a lease a holds")
+		case <-time.After(testTTL / 20):
+		}
+	}
+
+	released := time.Now()
+	a.Resign()
+	assert.False(t, a.IsLeader(), "IsLeader is false as soon as Resign returns")
+	a.Release(fleettest.Ctx(t, 5*time.Second))
+	waitGained(t, bCh, testTTL)
+	assert.Less(t, time.Since(released), testTTL/2, "b waited for the TTL instead of taking the released lease")
+	assert.True(t, b.IsLeader())
+	assert.False(t, a.IsLeader())
+}
+
+// TestRenewalWithALostReplyKeepsTheLease: a renewal is stored but its reply
+// never reaches the leader, whose next renewal then expects an old
+// revision. The leader finds the lease still its own, adopts the revision and
+// renews on: it neither steps down nor leaves the service without a leader.
+func TestRenewalWithALostReplyKeepsTheLease(t *testing.T) {
+	kv := newBucket(t)
+	el, ch := start(t, kv, "a")
+	waitGained(t, ch, 5*time.Second)
+	ctx := fleettest.Ctx(t, 30*time.Second)
+	w, err := kv.Watch(ctx, "svc")
+	require.NoError(t, err)
+	defer func() { _ = w.Stop() }()
+
+	unseen := renewUnseen(t, ctx, el)
+	renewals := 0
+	for kve := range w.Updates() {
+		if kve == nil || kve.Revision() <= unseen {
+			continue
+		}
+		var v Value
+		require.NoError(t, json.Unmarshal(kve.Value(), &v))
+		require.Equal(t, "a", v.Holder)
+		if renewals++; renewals == 2 {
+			break // two renewals after the one the elector did not see
+		}
+	}
+	assert.True(t, el.IsLeader())
+	assert.Equal(t, []bool{true}, ch.list(), "leadership was gained once and never lost")
+}
+
+// TestLeaderWhoseLeaseIsTakenStepsDown: when another holder's value replaces
+// the lease (as after an expiry this replica missed), the leader steps down
+// at its next renewal.
+func TestLeaderWhoseLeaseIsTakenStepsDown(t *testing.T) {
+	kv := newBucket(t)
+	el, ch := start(t, kv, "a")
+	waitGained(t, ch, 5*time.Second)
+	ctx := fleettest.Ctx(t, 10*time.Second)
+	val, _ := json.Marshal(Value{Holder: "intruder", RenewedAt: time.Now()})
+	_, err := kv.Put(ctx, "svc", val)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return !el.IsLeader() }, testTTL, 10*time.Millisecond)
+	assert.Equal(t, []bool{true, false}, ch.list())
+}
+
+// renewUnseen renews the lease the way a renewal whose reply was lost does:
+// the write is stored and the elector does not learn its revision.
+func renewUnseen(t *testing.T, ctx context.Context, el *Elector) uint64 {
+	t.Helper()
+	for {
+		el.mu.Lock()
+		rev := el.rev
+		el.mu.Unlock()
+		require.NotZero(t, rev, "not holding the lease")
+		now := time.Now()
+		newRev, err := el.write(ctx, rev, now, now, now.Add(time.Second))
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) && ctx.Err() == nil {
+			continue // the elector renewed meanwhile: use its revision
+		}
+		require.NoError(t, err)
+		return newRev
+	}
+}
