@@ -1,0 +1,432 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/metric"
+	noopmetric "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
+	nooptrace "go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/jetfleet/jetfleet/pkg/lifecycle"
+	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/service"
+	"github.com/jetfleet/jetfleet/pkg/telemetry"
+	"github.com/jetfleet/jetfleet/pkg/topology"
+)
+
+// Version is reported in heartbeats.
+const Version = "jetfleet-go/0.1.0"
+
+// Agent pulls jobs of its queues and runs them. Register handlers, then
+// Start; Stop drains it gracefully.
+type Agent struct {
+	cfg      Config
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	topology topology.Config
+	logger   *slog.Logger
+	tracer   trace.TracerProvider
+	meter    metric.MeterProvider
+
+	kinds map[string]*kind
+	// execute is the whole execution of one job: tracing, logging and
+	// metrics around bookkeeping, the handler chain and settlement.
+	execute Handler
+
+	queues   []*queueState
+	pullers  []*puller
+	work     chan work // to idle workers
+	recorder *recorder
+	events   jetstream.Stream // EVENTS, to read a job's events
+	agentsKV jetstream.KeyValue
+	fleet    *fleetView
+
+	runner    lifecycle.Runner
+	jobs      sync.WaitGroup
+	draining  atomic.Bool
+	releasing atomic.Bool   // set once a stopping agent hands running jobs back
+	hbKick    chan struct{} // asks for a heartbeat soon: a job was delivered
+	startedAt time.Time
+	hbSeq     atomic.Uint64
+	control   *nats.Subscription
+
+	mu sync.Mutex
+	// inflight holds every delivery being worked on, by its reply subject:
+	// two deliveries of one message (its AckWait ran out meanwhile) are
+	// two entries.
+	inflight map[string]*execution
+
+	slotMu     sync.Mutex
+	nextPuller int // round-robin position for offering freed slots
+}
+
+type kind struct {
+	name    string
+	handler Handler // the handler chain: Timeout → middleware → Recover → handler
+	timeout time.Duration
+	retry   RetryPolicy
+	sem     chan struct{} // nil when the kind has no concurrency cap
+}
+
+type queueState struct {
+	name    string
+	ackWait time.Duration // of the queue's consumer
+}
+
+// New returns an agent using env's connection, logger and telemetry.
+func New(cfg Config, env *service.Env) (*Agent, error) {
+	if err := cfg.Validate("agent"); err != nil {
+		return nil, err
+	}
+	cfg = cfg.WithDefaults()
+	a := &Agent{
+		cfg: cfg, nc: env.Conn, js: env.JetStream, logger: env.Logger.With(telemetry.LogComponent, "agent", telemetry.LogAgentID, cfg.ID),
+		kinds: map[string]*kind{}, inflight: map[string]*execution{},
+		tracer: nooptrace.NewTracerProvider(), meter: noopmetric.NewMeterProvider(),
+	}
+	if env.Base != nil {
+		a.topology = env.Base.Topology
+	}
+	if env.Telemetry != nil {
+		a.tracer, a.meter = env.Telemetry.TracerProvider, env.Telemetry.MeterProvider
+	}
+	a.execute = Chain(a.run, Tracing(a.tracer), Logging(a.logger), Metrics(a.meter))
+	return a, nil
+}
+
+// ID is the agent's id.
+func (a *Agent) ID() string { return a.cfg.ID }
+
+// Name implements lifecycle.Named.
+func (a *Agent) Name() string { return "agent " + a.cfg.ID }
+
+// Done is closed once a stopped agent's goroutines have all returned.
+func (a *Agent) Done() <-chan struct{} { return a.runner.Done() }
+
+// Register runs handler for jobs of kind. Call it before Start.
+func (a *Agent) Register(kindName string, handler Handler, opts KindOptions) error {
+	if err := protocol.ValidateToken("kind", kindName); err != nil {
+		return err
+	}
+	if _, dup := a.kinds[kindName]; dup {
+		return fmt.Errorf("kind %q registered twice", kindName)
+	}
+	if opts.Concurrency < 0 {
+		return fmt.Errorf("kind %q: concurrency must not be negative", kindName)
+	}
+	k := &kind{name: kindName, timeout: opts.Timeout, retry: mergeRetry(opts.Retry, a.cfg.Retry.Policy())}
+	if k.timeout == 0 {
+		k.timeout = a.cfg.DefaultTimeout
+	}
+	if opts.Concurrency > 0 {
+		k.sem = make(chan struct{}, opts.Concurrency)
+	}
+	chain := append([]Middleware{Timeout()}, a.cfg.Middleware...)
+	chain = append(chain, Recover())
+	k.handler = Chain(handler, chain...)
+	a.kinds[kindName] = k
+	return nil
+}
+
+// mergeRetry fills the zero fields of p from base, then the defaults.
+func mergeRetry(p, base RetryPolicy) RetryPolicy {
+	if p.MaxAttempts == 0 {
+		p.MaxAttempts = base.MaxAttempts
+	}
+	if p.InitialDelay == 0 {
+		p.InitialDelay = base.InitialDelay
+	}
+	if p.Multiplier == 0 {
+		p.Multiplier = base.Multiplier
+	}
+	if p.MaxDelay == 0 {
+		p.MaxDelay = base.MaxDelay
+	}
+	if p.Jitter == 0 {
+		p.Jitter = base.Jitter
+	}
+	p.NonRetryable = append(append([]error(nil), base.NonRetryable...), p.NonRetryable...)
+	return p.WithDefaults()
+}
+
+// Kinds lists the registered kinds, sorted.
+func (a *Agent) Kinds() []string {
+	out := make([]string, 0, len(a.kinds))
+	for k := range a.kinds {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Start binds to the queues' consumers and begins pulling, heartbeating and
+// answering control commands.
+func (a *Agent) Start(ctx context.Context) error {
+	if len(a.kinds) == 0 {
+		return errors.New("agent: no job kinds registered")
+	}
+	runCtx, err := a.runner.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	a.startedAt = time.Now()
+	a.hbKick = make(chan struct{}, 1)
+	if a.events, err = a.js.Stream(ctx, protocol.StreamEvents); err != nil {
+		return fmt.Errorf("agent: stream %s: %w", protocol.StreamEvents, err)
+	}
+	if a.agentsKV, err = a.js.KeyValue(ctx, protocol.BucketAgents); err != nil {
+		return fmt.Errorf("agent: bucket %s: %w", protocol.BucketAgents, err)
+	}
+	for _, q := range a.cfg.Queues {
+		cons, err := topology.EnsureQueue(ctx, a.js, a.topology, q)
+		if err != nil {
+			return fmt.Errorf("agent: queue %s: %w", q, err)
+		}
+		a.queues = append(a.queues, &queueState{name: q, ackWait: cons.CachedInfo().Config.AckWait})
+	}
+	a.fleet = newFleetView(a.agentsKV, a.cfg.ID, a.logger)
+	if err := a.fleet.start(runCtx, &a.runner); err != nil {
+		return fmt.Errorf("agent: watch agents: %w", err)
+	}
+	if a.recorder, err = newRecorder(a.nc, a.logger); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	if a.control, err = a.nc.Subscribe(protocol.ControlSubject(a.cfg.ID), a.handleControl); err != nil {
+		return fmt.Errorf("agent: control subject: %w", err)
+	}
+	a.runner.Go(a.heartbeatLoop)
+	for _, q := range a.queues {
+		p, err := newPuller(a, q)
+		if err != nil {
+			return fmt.Errorf("agent: queue %s: %w", q.name, err)
+		}
+		a.pullers = append(a.pullers, p)
+	}
+	a.runner.Go(a.progressLoop)
+	a.runner.Go(a.checkLostLoop)
+	a.work = make(chan work)
+	for range a.cfg.Concurrency {
+		a.runner.Go(a.worker)
+	}
+	a.releaseSlots(a.cfg.Concurrency) // every slot is free: ask for jobs
+	a.logger.Info("agent started", "queues", a.cfg.Queues, "kinds", a.Kinds(), "concurrency", a.cfg.Concurrency)
+	return nil
+}
+
+// Stop stops pulling, lets running jobs finish while ctx allows, hands the
+// rest back to JetStream for immediate redelivery elsewhere, flushes the
+// bookkeeping and deregisters the agent. Jobs delivered by a pull request
+// still open when Stop begins (at most agent.fetch_max_wait) run too.
+func (a *Agent) Stop(ctx context.Context) error {
+	if a.recorder == nil || !a.draining.CompareAndSwap(false, true) {
+		return a.runner.Stop(ctx)
+	}
+	for _, p := range a.pullers {
+		p.stop()
+	}
+	a.publishHeartbeat(true) // peers stop passing jobs to a draining agent
+
+	// Keep a share of the grace for handing back and flushing.
+	waitCtx := ctx
+	if deadline, ok := ctx.Deadline(); ok {
+		reserve := min(time.Until(deadline)/5, 2*time.Second)
+		var cancel context.CancelFunc
+		waitCtx, cancel = context.WithDeadline(ctx, deadline.Add(-reserve))
+		defer cancel()
+	}
+	// Open requests end first (within fetch_max_wait): a job handed back
+	// while they are open could come straight back, and only once nothing
+	// more can be delivered may a.jobs be waited for.
+	drained := waitFor(ctx, a.pullersDrained)
+	if !drained {
+		for _, p := range a.pullers {
+			p.close() // the requests are never answered (a dead connection): give them up
+		}
+	}
+	if !drained || !waitFor(waitCtx, a.jobs.Wait) {
+		a.releasing.Store(true)
+		a.releaseAll(ctx)
+		if !waitFor(ctx, a.jobs.Wait) {
+			a.logger.Warn("some handlers still run after the grace period")
+		}
+	}
+	for _, p := range a.pullers {
+		p.close()
+	}
+
+	_ = a.control.Unsubscribe()
+	flushErr := a.recorder.flush(ctx)
+	stopErr := a.runner.Stop(ctx) // heartbeats end here, before the registration goes
+	if err := a.agentsKV.Delete(ctx, a.cfg.ID); err != nil {
+		a.logger.Warn("agent registration not removed; its TTL drops it", telemetry.LogError, err)
+	}
+	a.recorder.close(ctx)
+	a.logger.Info("agent stopped")
+	return errors.Join(flushErr, stopErr)
+}
+
+func (a *Agent) pullersDrained() {
+	for _, p := range a.pullers {
+		<-p.drained
+	}
+}
+
+// waitFor runs wait and reports whether it returned before ctx ended.
+func waitFor(ctx context.Context, wait func()) bool {
+	done := make(chan struct{})
+	go func() {
+		wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// releaseAll hands every job still running back to JetStream: their
+// contexts end, and each job's goroutine NAKs it without spending an attempt.
+// A handler that ignores its context gets the rest of the grace; then its
+// job is NAKed from here (that delivery then counts as an attempt).
+func (a *Agent) releaseAll(ctx context.Context) {
+	a.mu.Lock()
+	running := make([]*execution, 0, len(a.inflight))
+	for _, ex := range a.inflight {
+		running = append(running, ex)
+	}
+	a.mu.Unlock()
+	if len(running) == 0 {
+		return
+	}
+	for _, ex := range running {
+		ex.cancel(errReleased)
+	}
+	// Handlers get what is left of the grace, less a little for flushing,
+	// to end on their cancelled context and hand their jobs back themselves.
+	settleCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	if deadline, ok := ctx.Deadline(); ok {
+		cancel()
+		settleCtx, cancel = context.WithDeadline(ctx, deadline.Add(-min(time.Until(deadline)/4, 500*time.Millisecond)))
+	}
+	defer cancel()
+	allDone := func() {
+		for _, ex := range running {
+			<-ex.done
+		}
+	}
+	if waitFor(settleCtx, allDone) {
+		a.logger.Warn("handed running jobs back for redelivery", "jobs", len(running))
+		return
+	}
+	for _, ex := range running {
+		if ex.claim() {
+			a.logger.Warn("handler ignores cancellation; job handed back", telemetry.LogJobID, ex.job.ID)
+			if err := ex.msg.Nak(); err != nil {
+				a.logger.Warn("nak failed; JetStream redelivers after AckWait", telemetry.LogJobID, ex.job.ID, telemetry.LogError, err)
+			}
+		}
+	}
+}
+
+// startJob runs a delivered job on an idle worker, or a new goroutine
+// when every worker is busy. The job holds the slot its puller reserved
+// until its handler returns: settling (the confirmed ack) overlaps the
+// request for the next job.
+func (a *Agent) startJob(q *queueState, d *delivery, reserved bool) {
+	a.jobs.Add(1)
+	w := work{q: q, d: d, reserved: reserved}
+	select {
+	case a.work <- w:
+	default:
+		go a.runWork(w)
+	}
+}
+
+// work is one delivery for a worker. reserved is false for a job no slot
+// was reserved for (a late answer to a request counted lost): it runs, but
+// gives no slot back when it ends, so the count of slots never grows.
+type work struct {
+	q        *queueState
+	d        *delivery
+	reserved bool
+}
+
+func (a *Agent) runWork(w work) {
+	defer a.jobs.Done()
+	a.process(w.q, w.d, w.reserved)
+}
+
+// worker runs jobs handed to it until the agent stops. Workers keep their
+// grown stacks, which a goroutine per job would grow again every time.
+func (a *Agent) worker(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case w := <-a.work:
+			a.runWork(w)
+		}
+	}
+}
+
+// releaseSlots offers n freed slots to the queues' pullers in turn. Slots
+// no puller takes (the agent is stopping) stay unused.
+func (a *Agent) releaseSlots(n int) {
+	if n <= 0 || len(a.pullers) == 0 {
+		return
+	}
+	for range n {
+		a.slotMu.Lock()
+		first := a.nextPuller
+		a.nextPuller = (a.nextPuller + 1) % len(a.pullers)
+		a.slotMu.Unlock()
+		for i := range a.pullers {
+			if a.pullers[(first+i)%len(a.pullers)].offer(1) {
+				break
+			}
+		}
+	}
+}
+
+func (a *Agent) track(ex *execution) {
+	a.mu.Lock()
+	a.inflight[ex.msg.Reply()] = ex
+	a.mu.Unlock()
+}
+
+func (a *Agent) untrack(ex *execution) {
+	a.mu.Lock()
+	if a.inflight[ex.msg.Reply()] == ex {
+		delete(a.inflight, ex.msg.Reply())
+	}
+	a.mu.Unlock()
+}
+
+func (a *Agent) findJob(jobID string) *execution {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, ex := range a.inflight {
+		if ex.job.ID == jobID {
+			return ex
+		}
+	}
+	return nil
+}
+
+func hostname() string {
+	h, _ := os.Hostname()
+	return h
+}

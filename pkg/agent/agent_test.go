@@ -1,0 +1,627 @@
+package agent_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/jetfleet/jetfleet/pkg/agent"
+	"github.com/jetfleet/jetfleet/pkg/fleettest"
+	"github.com/jetfleet/jetfleet/pkg/natstest"
+	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
+	"github.com/jetfleet/jetfleet/pkg/telemetry"
+	"github.com/jetfleet/jetfleet/pkg/topology"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// The embedded server and the nats.go client keep background goroutines
+		// until their last references go; they are not ours.
+		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).syncBlocks"),
+		goleak.IgnoreAnyFunction("go.opencensus.io/stats/view.(*worker).start"),
+	)
+}
+
+type fixture struct {
+	srv    *server.Server
+	env    *fleettest.Env
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	events *fleettest.Events
+}
+
+func setup(t *testing.T, topo topology.Config) *fixture {
+	t.Helper()
+	srv := natstest.Server(t)
+	env := fleettest.NewEnv(t, srv, topo)
+	nc, js := natstest.JetStream(t, srv)
+	return &fixture{srv: srv, env: env, nc: nc, js: js, events: fleettest.WatchJobEvents(t, nc)}
+}
+
+// startAgent starts an agent with its own connection and stops it at the end of the test.
+func (f *fixture) startAgent(t *testing.T, cfg agent.Config, register func(a *agent.Agent)) *agent.Agent {
+	t.Helper()
+	env := fleettest.NewEnv(t, f.srv, f.env.Base.Topology)
+	a, err := agent.New(cfg, env.Env)
+	require.NoError(t, err)
+	register(a)
+	require.NoError(t, a.Start(fleettest.Ctx(t, 10*time.Second)))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		assert.NoError(t, a.Stop(ctx))
+	})
+	return a
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	require.NoError(t, err)
+}
+
+func TestJobSucceeds(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	got := make(chan string, 1)
+	f.startAgent(t, agent.Config{}, func(a *agent.Agent) {
+		must(t, a.Register("echo", func(ctx context.Context, job *agent.Job) error {
+			assert.Equal(t, job, agent.JobFrom(ctx), "the job travels in the context")
+			got <- string(job.Payload)
+			return nil
+		}, agent.KindOptions{}))
+	})
+	seq := fleettest.Publish(t, f.js, protocol.Job{ID: "job-1", Queue: "default", Kind: "echo", Payload: []byte(`{"hello":1}`)})
+	assert.Equal(t, `{"hello":1}`, <-got)
+	ev := f.events.WaitFor(t, 10*time.Second, "job-1", protocol.EventSucceeded)
+	assert.Equal(t, uint32(1), ev.GetAttempt())
+	assert.Equal(t, seq, ev.GetStreamSequence())
+	assert.Equal(t, []string{protocol.EventSucceeded}, f.events.Of("job-1"), "a quick job has one event")
+	st := fleettest.LatestEvent(t, f.js, "job-1")
+	assert.Equal(t, protocol.EventSucceeded, st.GetType(), "the latest event is the job's status")
+	assert.NotEmpty(t, st.GetTraceId())
+	assert.NotEmpty(t, st.GetAgentId())
+	assert.False(t, st.GetStartedAt().AsTime().IsZero())
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, 10*time.Second)
+}
+
+func TestRetriesWithConfiguredDelaysThenSucceeds(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	var mu sync.Mutex
+	var runs []time.Time
+	f.startAgent(t, agent.Config{Retry: agent.RetryConfig{InitialDelay: 400 * time.Millisecond, Multiplier: 2, Jitter: 0.1}},
+		func(a *agent.Agent) {
+			must(t, a.Register("flaky", func(ctx context.Context, job *agent.Job) error {
+				mu.Lock()
+				defer mu.Unlock()
+				runs = append(runs, time.Now())
+				if job.Attempt < 3 {
+					return fmt.Errorf("transient failure %d", job.Attempt)
+				}
+				return nil
+			}, agent.KindOptions{}))
+		})
+	fleettest.Publish(t, f.js, protocol.Job{ID: "flaky-1", Queue: "default", Kind: "flaky"})
+	f.events.WaitFor(t, 20*time.Second, "flaky-1", protocol.EventSucceeded)
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, runs, 3, "two failures, then success")
+	// Delays are 400ms then 800ms, each ±10% jitter; allow scheduling slack above.
+	for i, want := range []time.Duration{400 * time.Millisecond, 800 * time.Millisecond} {
+		gap := runs[i+1].Sub(runs[i])
+		assert.GreaterOrEqual(t, gap, time.Duration(float64(want)*0.9), "retry %d came too soon", i+1)
+		assert.Less(t, gap, time.Duration(float64(want)*1.1)+750*time.Millisecond, "retry %d came too late", i+1)
+	}
+	assert.Equal(t, []string{"retrying", "retrying", "succeeded"}, f.events.Of("flaky-1"))
+	retrying := f.events.WaitFor(t, time.Second, "flaky-1", protocol.EventRetrying)
+	assert.Equal(t, "transient failure 1", retrying.GetError())
+	assert.Equal(t, protocol.CodeHandlerError, retrying.GetErrorCode())
+	assert.InDelta(t, 0.4, retrying.GetRetryIn().AsDuration().Seconds(), 0.041)
+}
+
+func TestBackoffHeaderOverridesPolicy(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	f.startAgent(t, agent.Config{Retry: agent.RetryConfig{Jitter: -1}}, func(a *agent.Agent) {
+		must(t, a.Register("flaky", func(ctx context.Context, job *agent.Job) error {
+			if job.Attempt == 1 {
+				return errors.New("once")
+			}
+			return nil
+		}, agent.KindOptions{}))
+	})
+	fleettest.Publish(t, f.js, protocol.Job{ID: "b-1", Queue: "default", Kind: "flaky", Backoff: []time.Duration{150 * time.Millisecond}})
+	ev := f.events.WaitFor(t, 10*time.Second, "b-1", protocol.EventRetrying)
+	assert.Equal(t, 150*time.Millisecond, ev.GetRetryIn().AsDuration(), "Jetfleet-Backoff wins, jitter disabled")
+	f.events.WaitFor(t, 10*time.Second, "b-1", protocol.EventSucceeded)
+}
+
+var errBadInput = errors.New("bad input")
+
+func TestNonRetryableGoesToDeadLetterOnce(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	var runs atomic.Int32
+	f.startAgent(t, agent.Config{}, func(a *agent.Agent) {
+		must(t, a.Register("strict", func(ctx context.Context, job *agent.Job) error {
+			runs.Add(1)
+			return fmt.Errorf("validating: %w", errBadInput)
+		}, agent.KindOptions{Retry: agent.RetryPolicy{NonRetryable: []error{errBadInput}}}))
+		must(t, a.Register("explicit", func(ctx context.Context, job *agent.Job) error {
+			runs.Add(1)
+			return agent.NonRetryable(errors.New("refund window closed"))
+		}, agent.KindOptions{}))
+	})
+	seq := fleettest.Publish(t, f.js, protocol.Job{ID: "nr-1", Queue: "default", Kind: "strict", Payload: []byte("p1")})
+	fleettest.Publish(t, f.js, protocol.Job{ID: "nr-2", Queue: "default", Kind: "explicit"})
+	f.events.WaitFor(t, 10*time.Second, "nr-1", protocol.EventDead)
+	f.events.WaitFor(t, 10*time.Second, "nr-2", protocol.EventDead)
+	assert.Equal(t, int32(2), runs.Load(), "each ran once")
+
+	letters := fleettest.DeadLetters(t, f.js)
+	require.Len(t, letters, 2)
+	byID := map[string]*jetfleetpb.DeadLetter{}
+	for _, dl := range letters {
+		byID[dl.GetJobId()] = dl
+	}
+	dl := byID["nr-1"]
+	assert.Equal(t, protocol.ReasonNonRetryable, dl.GetReason())
+	assert.Equal(t, "validating: bad input", dl.GetLastError())
+	assert.Equal(t, uint32(1), dl.GetAttempts())
+	assert.Equal(t, "jobs.default.strict", dl.GetOriginalSubject())
+	assert.Equal(t, seq, dl.GetOriginalSequence())
+	assert.Equal(t, []byte("p1"), dl.GetPayload())
+	assert.Equal(t, []string{"nr-1"}, dl.GetHeaders()[protocol.HeaderJobID].GetValues(), "original headers kept")
+	assert.Equal(t, protocol.ReasonNonRetryable, byID["nr-2"].GetReason())
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, 10*time.Second)
+	assert.Equal(t, protocol.EventDead, fleettest.LatestEvent(t, f.js, "nr-1").GetType())
+}
+
+func TestLastAttemptDeadLetters(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	f.startAgent(t, agent.Config{Retry: agent.RetryConfig{InitialDelay: 50 * time.Millisecond}}, func(a *agent.Agent) {
+		must(t, a.Register("doomed", func(ctx context.Context, job *agent.Job) error {
+			_, _ = job.Output().Write([]byte("tried hard\n"))
+			return errors.New("still broken")
+		}, agent.KindOptions{}))
+	})
+	fleettest.Publish(t, f.js, protocol.Job{ID: "d-1", Queue: "default", Kind: "doomed", MaxAttempts: 3})
+	dead := f.events.WaitFor(t, 10*time.Second, "d-1", protocol.EventDead)
+	assert.Equal(t, protocol.ReasonMaxAttempts, dead.GetReason())
+	assert.Equal(t, uint32(3), dead.GetAttempt())
+	letters := fleettest.DeadLetters(t, f.js)
+	require.Len(t, letters, 1)
+	assert.Equal(t, uint32(3), letters[0].GetAttempts())
+	assert.Equal(t, "still broken", letters[0].GetLastError())
+	assert.Equal(t, "tried hard\n", letters[0].GetOutputTail())
+}
+
+func TestLongJobIsNotRedelivered(t *testing.T) {
+	t.Parallel()
+	ackWait := time.Second
+	f := setup(t, topology.Config{Queues: map[string]topology.QueueConfig{"default": {AckWait: ackWait}}})
+	var runs atomic.Int32
+	f.startAgent(t, agent.Config{}, func(a *agent.Agent) {
+		must(t, a.Register("long", func(ctx context.Context, job *agent.Job) error {
+			runs.Add(1)
+			select {
+			case <-time.After(3*ackWait + 500*time.Millisecond): // the work itself: longer than 3× AckWait
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			return nil
+		}, agent.KindOptions{}))
+	})
+	fleettest.Publish(t, f.js, protocol.Job{ID: "long-1", Queue: "default", Kind: "long"})
+	ev := f.events.WaitFor(t, 20*time.Second, "long-1", protocol.EventSucceeded)
+	assert.Equal(t, int32(1), runs.Load())
+	assert.Equal(t, uint32(1), ev.GetAttempt())
+	cons, err := f.js.Consumer(fleettest.Ctx(t, 5*time.Second), protocol.StreamJobs, "queue-default")
+	require.NoError(t, err)
+	info, err := cons.Info(fleettest.Ctx(t, 5*time.Second))
+	require.NoError(t, err)
+	assert.Zero(t, info.NumRedelivered, "progress reports kept JetStream from redelivering")
+}
+
+func TestMalformedInputIsDeadLetteredAndAgentKeepsRunning(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	type order struct {
+		ID int `json:"id"`
+	}
+	var good atomic.Int32
+	f.startAgent(t, agent.Config{MaxPayload: 64}, func(a *agent.Agent) {
+		must(t, a.Register("order", agent.Typed(func(ctx context.Context, job *agent.Job, o order) error {
+			if o.ID > 0 {
+				good.Add(1)
+			}
+			return nil
+		}), agent.KindOptions{}))
+	})
+	ctx := fleettest.Ctx(t, 10*time.Second)
+	// Undecodable payload for a typed handler.
+	fleettest.Publish(t, f.js, protocol.Job{ID: "m-1", Queue: "default", Kind: "order", Payload: []byte(`{"id":"x"`)})
+	// A kind nobody runs.
+	fleettest.Publish(t, f.js, protocol.Job{ID: "m-2", Queue: "default", Kind: "nobody-runs-this"})
+	// Garbage headers, published raw.
+	_, err := f.js.PublishMsg(ctx, &nats.Msg{Subject: "jobs.default.order", Data: []byte(`{"id":3}`),
+		Header: nats.Header{protocol.HeaderJobID: {"m-3"}, protocol.HeaderTimeout: {"soon"}, protocol.HeaderMaxAttempts: {"many"}}})
+	require.NoError(t, err)
+	// Oversized payload.
+	fleettest.Publish(t, f.js, protocol.Job{ID: "m-4", Queue: "default", Kind: "order", Payload: make([]byte, 100)})
+	// A kind token that is not one: jobs.default.a.b matches the queue's filter.
+	_, err = f.js.PublishMsg(ctx, &nats.Msg{Subject: "jobs.default.a.b", Data: []byte("x"), Header: nats.Header{protocol.HeaderJobID: {"m-5"}}})
+	require.NoError(t, err)
+	// And a good one afterwards.
+	fleettest.Publish(t, f.js, protocol.Job{ID: "ok", Queue: "default", Kind: "order", Payload: []byte(`{"id":7}`)})
+
+	want := map[string]string{
+		"m-1": protocol.ReasonMalformedPayload, "m-2": protocol.ReasonUnknownKind, "m-3": protocol.ReasonInvalidHeaders,
+		"m-4": protocol.ReasonPayloadTooLarge, "m-5": protocol.ReasonInvalidHeaders,
+	}
+	for id, reason := range want {
+		ev := f.events.WaitFor(t, 10*time.Second, id, protocol.EventDead)
+		assert.Equal(t, reason, ev.GetReason(), id)
+	}
+	f.events.WaitFor(t, 10*time.Second, "ok", protocol.EventSucceeded)
+	assert.Equal(t, int32(1), good.Load())
+	letters := fleettest.DeadLetters(t, f.js)
+	require.Len(t, letters, len(want), "each bad message dead-lettered exactly once")
+	for _, dl := range letters {
+		assert.Equal(t, want[dl.GetJobId()], dl.GetReason(), dl.GetJobId())
+		assert.NotEmpty(t, dl.GetLastError(), dl.GetJobId())
+		if dl.GetJobId() == "m-3" {
+			assert.Contains(t, dl.GetLastError(), "Jetfleet-Timeout")
+			assert.Contains(t, dl.GetLastError(), "Jetfleet-Max-Attempts")
+		}
+	}
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, 10*time.Second)
+}
+
+func TestPanicIsRecoveredAndRetried(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	f.startAgent(t, agent.Config{Retry: agent.RetryConfig{InitialDelay: 50 * time.Millisecond}}, func(a *agent.Agent) {
+		must(t, a.Register("boom", func(ctx context.Context, job *agent.Job) error {
+			if job.Attempt == 1 {
+				var m map[string]int
+				m["x"] = 1 // nil map write panics
+			}
+			return nil
+		}, agent.KindOptions{}))
+	})
+	fleettest.Publish(t, f.js, protocol.Job{ID: "p-1", Queue: "default", Kind: "boom"})
+	ev := f.events.WaitFor(t, 10*time.Second, "p-1", protocol.EventRetrying)
+	assert.Equal(t, protocol.CodePanic, ev.GetErrorCode())
+	assert.Contains(t, ev.GetError(), "assignment to entry in nil map")
+	assert.Contains(t, ev.GetError(), "agent_test.go", "the stack is kept")
+	f.events.WaitFor(t, 10*time.Second, "p-1", protocol.EventSucceeded)
+}
+
+func TestTimeoutFailsTheAttempt(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	f.startAgent(t, agent.Config{}, func(a *agent.Agent) {
+		must(t, a.Register("slow", func(ctx context.Context, job *agent.Job) error {
+			<-ctx.Done()
+			return ctx.Err()
+		}, agent.KindOptions{}))
+	})
+	fleettest.Publish(t, f.js, protocol.Job{ID: "t-1", Queue: "default", Kind: "slow", Timeout: 200 * time.Millisecond, MaxAttempts: 1})
+	ev := f.events.WaitFor(t, 10*time.Second, "t-1", protocol.EventFailed)
+	assert.Equal(t, protocol.CodeTimeout, ev.GetErrorCode())
+	assert.Equal(t, protocol.ReasonMaxAttempts, ev.GetReason())
+}
+
+func TestSnoozeDoesNotSpendAnAttempt(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	var runs atomic.Int32
+	f.startAgent(t, agent.Config{Retry: agent.RetryConfig{InitialDelay: 20 * time.Millisecond}}, func(a *agent.Agent) {
+		must(t, a.Register("sleepy", func(ctx context.Context, job *agent.Job) error {
+			switch runs.Add(1) {
+			case 1, 2:
+				return agent.Snooze(50 * time.Millisecond)
+			default:
+				return fmt.Errorf("fail at attempt %d", job.Attempt)
+			}
+		}, agent.KindOptions{}))
+	})
+	fleettest.Publish(t, f.js, protocol.Job{ID: "s-1", Queue: "default", Kind: "sleepy", MaxAttempts: 2})
+	dead := f.events.WaitFor(t, 10*time.Second, "s-1", protocol.EventDead)
+	assert.Equal(t, int32(4), runs.Load(), "two snoozes, then two real attempts")
+	assert.Equal(t, uint32(2), dead.GetAttempt())
+	assert.Equal(t, uint32(2), dead.GetSnoozes())
+}
+
+func TestRedeliveryOfSucceededJobIsAckedWithoutRunning(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	ctx := fleettest.Ctx(t, 20*time.Second)
+	seq := fleettest.Publish(t, f.js, protocol.Job{ID: "dup-1", Queue: "default", Kind: "echo"})
+	cons, err := topology.EnsureQueue(ctx, f.js, topology.Config{}, "default")
+	require.NoError(t, err)
+	// An earlier agent ran the job and stored "succeeded", but its ack was lost:
+	// take the delivery without acking, and hand it back.
+	batch, err := cons.Fetch(1)
+	require.NoError(t, err)
+	msg := <-batch.Messages()
+	require.NotNil(t, msg)
+	done, err := protocol.Marshal(&jetfleetpb.JobEvent{Type: protocol.EventSucceeded, JobId: "dup-1", Queue: "default",
+		Kind: "echo", StreamSequence: seq})
+	require.NoError(t, err)
+	_, err = f.js.Publish(ctx, protocol.JobEventSubject("default", "echo", protocol.EventSucceeded, "dup-1"), done)
+	require.NoError(t, err)
+	require.NoError(t, msg.Nak())
+
+	var runs atomic.Int32
+	f.startAgent(t, agent.Config{}, func(a *agent.Agent) {
+		must(t, a.Register("echo", func(ctx context.Context, job *agent.Job) error {
+			runs.Add(1)
+			return nil
+		}, agent.KindOptions{}))
+	})
+	f.events.WaitFor(t, 10*time.Second, "dup-1", protocol.EventSkippedDuplicate)
+	assert.Zero(t, runs.Load(), "the job did not run again")
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, 10*time.Second)
+
+	// The same job id published again as a new message is a new job and runs.
+	again := fleettest.Publish(t, f.js, protocol.Job{ID: "dup-1", Queue: "default", Kind: "echo", Header: nats.Header{protocol.HeaderMsgID: {"dup-1-again"}}})
+	f.events.Wait(t, 10*time.Second, func(ev *jetfleetpb.JobEvent) bool {
+		return ev.GetJobId() == "dup-1" && ev.GetType() == protocol.EventSucceeded && ev.GetStreamSequence() == again
+	})
+	assert.Equal(t, int32(1), runs.Load())
+}
+
+func TestCancelCommandEndsJobAsCancelled(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	started := make(chan struct{})
+	a := f.startAgent(t, agent.Config{}, func(a *agent.Agent) {
+		must(t, a.Register("wait", func(ctx context.Context, job *agent.Job) error {
+			close(started)
+			<-ctx.Done()
+			return ctx.Err()
+		}, agent.KindOptions{}))
+	})
+	fleettest.Publish(t, f.js, protocol.Job{ID: "c-1", Queue: "default", Kind: "wait"})
+	<-started
+	f.events.WaitFor(t, 10*time.Second, "c-1", protocol.EventStarted)
+	send := func(cmd *jetfleetpb.AgentCommand) error {
+		data, err := protocol.Marshal(cmd)
+		require.NoError(t, err)
+		reply, err := f.nc.Request(protocol.ControlSubject(a.ID()), data, 5*time.Second)
+		require.NoError(t, err)
+		var doc jetfleetpb.Error
+		require.NoError(t, protocol.Unmarshal(reply.Data, &doc))
+		return protocol.FromDoc(&doc)
+	}
+	err := send(&jetfleetpb.AgentCommand{Action: protocol.CommandCancel, JobId: "nope"})
+	assert.True(t, errors.Is(err, protocol.Code(protocol.CodeNotFound)), "%v", err)
+	require.NoError(t, send(&jetfleetpb.AgentCommand{Action: protocol.CommandCancel, JobId: "c-1", Reason: "operator asked"}))
+
+	ev := f.events.WaitFor(t, 10*time.Second, "c-1", protocol.EventCancelled)
+	assert.Contains(t, ev.GetError(), "operator asked")
+	dead := f.events.WaitFor(t, 10*time.Second, "c-1", protocol.EventDead)
+	assert.Equal(t, protocol.ReasonCancelled, dead.GetReason())
+	assert.Equal(t, protocol.EventDead, fleettest.LatestEvent(t, f.js, "c-1").GetType())
+}
+
+func TestConcurrencyBoundsWhatTheAgentHolds(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	release := make(chan struct{})
+	var running, peak atomic.Int32
+	f.startAgent(t, agent.Config{Concurrency: 3}, func(a *agent.Agent) {
+		must(t, a.Register("block", func(ctx context.Context, job *agent.Job) error {
+			n := running.Add(1)
+			for {
+				p := peak.Load()
+				if n <= p || peak.CompareAndSwap(p, n) {
+					break
+				}
+			}
+			defer running.Add(-1)
+			<-release
+			return nil
+		}, agent.KindOptions{}))
+	})
+	for i := range 10 {
+		fleettest.Publish(t, f.js, protocol.Job{ID: fmt.Sprintf("cc-%d", i), Queue: "default", Kind: "block"})
+	}
+	require.Eventually(t, func() bool { return running.Load() == 3 }, 10*time.Second, 10*time.Millisecond)
+	cons, err := f.js.Consumer(fleettest.Ctx(t, 5*time.Second), protocol.StreamJobs, "queue-default")
+	require.NoError(t, err)
+	// Give the agent every chance to over-fetch while its slots are full.
+	time.Sleep(3 * agent.DefaultFetchMaxWait) // no event marks "did not fetch"; wait out several pull cycles
+	info, err := cons.Info(fleettest.Ctx(t, 5*time.Second))
+	require.NoError(t, err)
+	assert.Equal(t, 3, info.NumAckPending, "the agent holds exactly as many jobs as it runs")
+	assert.Equal(t, uint64(7), info.NumPending)
+	close(release)
+	for i := range 10 {
+		f.events.WaitFor(t, 10*time.Second, fmt.Sprintf("cc-%d", i), protocol.EventSucceeded)
+	}
+	assert.Equal(t, int32(3), peak.Load())
+}
+
+func TestKindConcurrency(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	release := make(chan struct{})
+	var running, peak atomic.Int32
+	f.startAgent(t, agent.Config{Concurrency: 5}, func(a *agent.Agent) {
+		must(t, a.Register("capped", func(ctx context.Context, job *agent.Job) error {
+			n := running.Add(1)
+			if n > peak.Load() {
+				peak.Store(n)
+			}
+			defer running.Add(-1)
+			<-release
+			return nil
+		}, agent.KindOptions{Concurrency: 2}))
+	})
+	for i := range 4 {
+		fleettest.Publish(t, f.js, protocol.Job{ID: fmt.Sprintf("k-%d", i), Queue: "default", Kind: "capped"})
+	}
+	require.Eventually(t, func() bool { return running.Load() == 2 }, 10*time.Second, 10*time.Millisecond)
+	close(release)
+	for i := range 4 {
+		f.events.WaitFor(t, 10*time.Second, fmt.Sprintf("k-%d", i), protocol.EventSucceeded)
+	}
+	assert.Equal(t, int32(2), peak.Load())
+}
+
+func TestHeartbeatsListInFlightJobs(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	hbs := make(chan *jetfleetpb.Heartbeat, 100)
+	sub, err := f.nc.Subscribe(protocol.HeartbeatsSubjects, func(m *nats.Msg) {
+		var hb jetfleetpb.Heartbeat
+		if assert.NoError(t, protocol.Unmarshal(m.Data, &hb)) {
+			select {
+			case hbs <- &hb:
+			default:
+			}
+		}
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	release := make(chan struct{})
+	a := f.startAgent(t, agent.Config{ID: "hb-agent", HeartbeatInterval: 100 * time.Millisecond, StartedEventAfter: 200 * time.Millisecond}, func(a *agent.Agent) {
+		must(t, a.Register("hold", func(ctx context.Context, job *agent.Job) error {
+			<-release
+			return nil
+		}, agent.KindOptions{Timeout: time.Minute}))
+	})
+	defer close(release)
+	seq := fleettest.Publish(t, f.js, protocol.Job{ID: "h-1", Queue: "default", Kind: "hold"})
+	f.events.WaitFor(t, 10*time.Second, "h-1", protocol.EventStarted) // the hold runs past started_event_after
+	var hb *jetfleetpb.Heartbeat
+	for hb = range hbs {
+		if len(hb.GetJobs()) == 1 {
+			break
+		}
+	}
+	assert.Equal(t, a.ID(), hb.GetAgentId())
+	assert.Equal(t, []string{"hold"}, hb.GetKinds())
+	assert.Equal(t, 100*time.Millisecond, hb.GetInterval().AsDuration())
+	j := hb.GetJobs()[0]
+	assert.Equal(t, "h-1", j.GetJobId())
+	assert.Equal(t, seq, j.GetStreamSequence())
+	ack, err := protocol.ParseAckSubject(j.GetReplySubject())
+	require.NoError(t, err, "the reply subject is an ack subject")
+	assert.Equal(t, seq, ack.StreamSequence)
+	assert.WithinDuration(t, j.GetStartedAt().AsTime().Add(time.Minute), j.GetDeadline().AsTime(), time.Second)
+
+	kv, err := f.js.KeyValue(fleettest.Ctx(t, 5*time.Second), protocol.BucketAgents)
+	require.NoError(t, err)
+	entry, err := kv.Get(fleettest.Ctx(t, 5*time.Second), a.ID())
+	require.NoError(t, err, "the agent registers itself")
+	var reg jetfleetpb.Heartbeat
+	require.NoError(t, protocol.Unmarshal(entry.Value(), &reg))
+	assert.Equal(t, []string{"default"}, reg.GetQueues())
+}
+
+func TestGracefulStopHandsBackRunningJobsAtOnce(t *testing.T) {
+	t.Parallel()
+	// AckWait is long: if the stopping agent did not hand the jobs back,
+	// nobody else would see them for a minute.
+	f := setup(t, topology.Config{Queues: map[string]topology.QueueConfig{"default": {AckWait: time.Minute}}})
+	startedOnFirst := make(chan string, 10)
+	env := fleettest.NewEnv(t, f.srv, f.env.Base.Topology)
+	first, err := agent.New(agent.Config{ID: "first", Concurrency: 5}, env.Env)
+	require.NoError(t, err)
+	must(t, first.Register("stubborn", func(ctx context.Context, job *agent.Job) error {
+		startedOnFirst <- job.ID
+		<-ctx.Done() // runs until the agent hands it back
+		return ctx.Err()
+	}, agent.KindOptions{}))
+	require.NoError(t, first.Start(fleettest.Ctx(t, 10*time.Second)))
+	for i := range 3 {
+		fleettest.Publish(t, f.js, protocol.Job{ID: fmt.Sprintf("g-%d", i), Queue: "default", Kind: "stubborn"})
+	}
+	for range 3 {
+		<-startedOnFirst
+	}
+
+	var mu sync.Mutex
+	doneOnSecond := map[string]int{}
+	f.startAgent(t, agent.Config{ID: "second"}, func(a *agent.Agent) {
+		must(t, a.Register("stubborn", func(ctx context.Context, job *agent.Job) error {
+			mu.Lock()
+			doneOnSecond[job.ID] = job.Attempt
+			mu.Unlock()
+			return nil
+		}, agent.KindOptions{}))
+	})
+
+	stopCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	stopped := time.Now()
+	require.NoError(t, first.Stop(stopCtx))
+	for i := range 3 {
+		f.events.WaitFor(t, 10*time.Second, fmt.Sprintf("g-%d", i), protocol.EventSucceeded)
+	}
+	assert.Less(t, time.Since(stopped), 10*time.Second, "redelivered at once, not after AckWait")
+	mu.Lock()
+	defer mu.Unlock()
+	for id, attempt := range doneOnSecond {
+		assert.Equal(t, 1, attempt, "a hand-back does not spend an attempt (%s)", id)
+	}
+	assert.Len(t, doneOnSecond, 3)
+}
+
+func TestTraceContinuesPublisherSpan(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	env := fleettest.NewEnv(t, f.srv, f.env.Base.Topology)
+	a, err := agent.New(agent.Config{}, env.Env)
+	require.NoError(t, err)
+	must(t, a.Register("echo", func(context.Context, *agent.Job) error { return nil }, agent.KindOptions{}))
+	require.NoError(t, a.Start(fleettest.Ctx(t, 10*time.Second)))
+	t.Cleanup(func() { _ = a.Stop(context.Background()) })
+
+	ctx, span := env.Telemetry.TracerProvider.Tracer("publisher").Start(context.Background(), "publish")
+	h := nats.Header{}
+	telemetry.Inject(ctx, h)
+	span.End()
+	fleettest.Publish(t, f.js, protocol.Job{ID: "tr-1", Queue: "default", Kind: "echo", Header: h})
+	ev := f.events.WaitFor(t, 10*time.Second, "tr-1", protocol.EventSucceeded)
+	assert.Equal(t, span.SpanContext().TraceID().String(), ev.GetTraceId())
+	require.Eventually(t, func() bool {
+		for _, s := range env.Spans.GetSpans() {
+			if s.Name == "agent.execute echo" && s.Parent.SpanID() == span.SpanContext().SpanID() {
+				return true
+			}
+		}
+		return false
+	}, 5*time.Second, 10*time.Millisecond, "the execution span is a child of the publish span")
+}
+
+func TestStartFailsWithoutKinds(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	a, err := agent.New(agent.Config{}, f.env.Env)
+	require.NoError(t, err)
+	assert.ErrorContains(t, a.Start(context.Background()), "no job kinds")
+	require.NoError(t, a.Stop(context.Background()))
+	_, err = agent.New(agent.Config{Concurrency: -1, Queues: []string{"a.b"}}, f.env.Env)
+	assert.ErrorContains(t, err, "agent.concurrency")
+	assert.ErrorContains(t, err, "agent.queues")
+}

@@ -1,0 +1,562 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
+	"github.com/jetfleet/jetfleet/pkg/telemetry"
+)
+
+// passOnDelay is how soon a job of a kind this agent does not run is offered
+// again, to the agents that do.
+const passOnDelay = 500 * time.Millisecond
+
+// invalidKind stands in for the kind of a message whose subject has none.
+const invalidKind = "_invalid"
+
+// execution is one delivery of a job on this agent.
+type execution struct {
+	msg      *delivery
+	queue    *queueState
+	seq      uint64
+	parseErr error
+	cancel   context.CancelCauseFunc
+	settled  atomic.Bool
+	slot     sync.Once     // gives the execution's slot back once
+	done     chan struct{} // closed when the execution's goroutine is finished
+	job      *Job
+	// snoozes counts earlier deliveries that spent no attempt.
+	snoozes uint32
+	// startedEvent is set once the started event is published.
+	startedEvent atomic.Bool
+
+	mu           sync.Mutex
+	started      time.Time
+	running      bool // the handler was called
+	deadline     time.Time
+	attempt      int
+	lastProgress time.Time
+}
+
+// progress reports the job in progress unless it has been answered: a +WPI
+// after a delayed NAK would replace the delay with a full AckWait.
+func (ex *execution) progress() error {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	if ex.settled.Load() {
+		return nil
+	}
+	ex.lastProgress = time.Now()
+	return ex.msg.InProgress()
+}
+
+// claim marks the execution settled; only the first caller acts on the
+// message. It waits for a progress report being sent to go out first: a
+// +WPI after a delayed NAK would replace the delay with a full AckWait.
+func (ex *execution) claim() bool {
+	if !ex.settled.CompareAndSwap(false, true) {
+		return false
+	}
+	ex.mu.Lock()
+	ex.mu.Unlock() //nolint:staticcheck // an empty critical section: a barrier for progressLoop
+	return true
+}
+
+func (ex *execution) inFlight() *jetfleetpb.InFlightJob {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	j := &jetfleetpb.InFlightJob{
+		JobId: ex.job.ID, Queue: ex.job.Queue, Kind: ex.job.Kind, ReplySubject: ex.msg.Reply(),
+		StreamSequence: ex.seq, Delivered: ex.job.Delivered, StartedAt: timestamppb.New(ex.started),
+		Attempt: uint32(max(ex.attempt, 0)),
+	}
+	if !ex.deadline.IsZero() {
+		j.Deadline = timestamppb.New(ex.deadline)
+	}
+	return j
+}
+
+type executionKey struct{}
+
+// process runs one delivered message through the agent's execution chain.
+func (a *Agent) process(q *queueState, msg *delivery, reserved bool) {
+	if msg.err != nil {
+		a.logger.Error("delivered message has no ack subject; ignored", "subject", msg.Subject(), telemetry.LogError, msg.err)
+		if reserved {
+			a.releaseSlots(1)
+		}
+		return
+	}
+	meta := msg.ack
+	parsed, parseErr := protocol.ParseJob(msg.Subject(), msg.Headers(), msg.Data())
+	if parsed.ID == "" {
+		parsed.ID = protocol.FallbackJobID(meta.StreamSequence)
+	}
+	if parsed.Queue == "" {
+		parsed.Queue, parsed.Kind = q.name, invalidKind
+	}
+	job := &Job{
+		ID: parsed.ID, Queue: parsed.Queue, Kind: parsed.Kind, Payload: msg.Data(), Headers: msg.Headers(),
+		ScheduleID: parsed.ScheduleID, NominalTime: parsed.NominalTime, ReplayedFrom: parsed.ReplayedFrom,
+		StreamSequence: meta.StreamSequence, Delivered: meta.Delivered,
+		output: NewOutputTail(int(a.cfg.OutputTail)), registered: a.kinds[parsed.Kind] != nil,
+	}
+
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	now := time.Now()
+	ex := &execution{msg: msg, queue: q, seq: meta.StreamSequence, parseErr: parseErr, cancel: cancel, job: job,
+		started: now, lastProgress: now, done: make(chan struct{})}
+	defer close(ex.done)
+	if !reserved {
+		ex.slot.Do(func() {}) // no slot to give back
+	}
+	defer a.freeSlot(ex)
+	job.progress = ex.progress
+	a.track(ex)
+	defer a.untrack(ex)
+	a.kickHeartbeat()
+
+	if a.releasing.Load() {
+		// Delivered while a stopping agent hands jobs back: do not start it.
+		ex.cancel(errReleased)
+	}
+	ctx = context.WithValue(WithJob(ctx, job), executionKey{}, ex)
+	_ = a.execute(ctx, job) // the outcome is settled inside; the error is for the middleware
+}
+
+// freeSlot gives the execution's agent slot back, once.
+func (a *Agent) freeSlot(ex *execution) {
+	ex.slot.Do(func() { a.releaseSlots(1) })
+}
+
+// progressLoop tells JetStream that running jobs are still being worked
+// on, once a third of their queue's AckWait has passed since the last time,
+// so a job may run far longer than AckWait without being redelivered. It
+// also publishes the started event of jobs running longer than
+// started_event_after.
+func (a *Agent) progressLoop(ctx context.Context) {
+	interval := a.cfg.StartedEventAfter / 2
+	for _, q := range a.queues {
+		interval = min(interval, q.ackWait/6)
+	}
+	t := time.NewTicker(max(interval, 50*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		a.mu.Lock()
+		running := make([]*execution, 0, len(a.inflight))
+		for _, ex := range a.inflight {
+			running = append(running, ex)
+		}
+		a.mu.Unlock()
+		var started []*execution
+		for _, ex := range running {
+			ex.mu.Lock()
+			// Checked and sent under ex.mu: claim waits for it, so no
+			// +WPI follows the job's answer.
+			if !ex.settled.Load() && now.Sub(ex.lastProgress) >= ex.queue.ackWait/3 {
+				ex.lastProgress = now
+				if err := ex.msg.InProgress(); err != nil {
+					a.logger.Warn("progress report failed", telemetry.LogJobID, ex.job.ID, telemetry.LogError, err)
+				}
+			}
+			if ex.running && !ex.settled.Load() && now.Sub(ex.started) >= a.cfg.StartedEventAfter && !ex.startedEvent.Load() {
+				started = append(started, ex)
+			}
+			ex.mu.Unlock()
+		}
+		for _, ex := range started {
+			a.publishStarted(ex)
+		}
+	}
+}
+
+// publishStarted publishes the started event of ex, once, unless the job
+// has been answered already.
+// It is published under ex.mu, which claim waits for, so it never follows
+// the job's terminal event (the latest event is the job's status).
+func (a *Agent) publishStarted(ex *execution) {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	if ex.settled.Load() || !ex.startedEvent.CompareAndSwap(false, true) {
+		return
+	}
+	a.recorder.event(a.event(ex, protocol.EventStarted))
+}
+
+// run is the innermost execution step, inside tracing, logging and metrics:
+// it checks the message, reads what earlier deliveries left, runs the kind's
+// handler chain and settles the outcome.
+func (a *Agent) run(ctx context.Context, job *Job) error {
+	ex := ctx.Value(executionKey{}).(*execution)
+	if errors.Is(context.Cause(ctx), errReleased) {
+		if ex.claim() {
+			a.release(ctx, ex)
+		}
+		return errReleased
+	}
+	if ex.parseErr != nil {
+		return a.refuse(ctx, ex, protocol.ReasonInvalidHeaders, protocol.CodeInvalidHeaders, ex.parseErr)
+	}
+	if a.cfg.MaxPayload > 0 && len(job.Payload) > int(a.cfg.MaxPayload) {
+		return a.refuse(ctx, ex, protocol.ReasonPayloadTooLarge, protocol.CodePayloadTooLarge,
+			fmt.Errorf("payload of %d bytes exceeds agent.max_payload of %d bytes", len(job.Payload), a.cfg.MaxPayload))
+	}
+
+	// A redelivery may follow an attempt whose ack was lost, a verdict whose
+	// dead letter could not be stored, or snoozes that do not count as
+	// attempts: the job's events about this message tell.
+	var past history
+	if job.Delivered > 1 {
+		past = a.history(ctx, job, ex.seq)
+	}
+	ex.snoozes = past.snoozes
+	switch {
+	case past.succeeded:
+		return a.skipDuplicate(ctx, ex)
+	case past.dead:
+		// The dead letter is stored; only the TERM after it was lost.
+		job.outcome = protocol.EventDead
+		if ex.claim() {
+			if err := ex.msg.TermWithReason("dead letter already stored"); err != nil {
+				a.logger.Warn("term failed; JetStream delivers the job again", telemetry.LogJobID, job.ID, telemetry.LogError, err)
+			}
+		}
+		return nil
+	case past.verdict != nil:
+		// An earlier delivery decided the job is dead; only its dead letter
+		// is missing. Store it without running the job again.
+		v := past.verdict
+		job.Attempt, job.MaxAttempts = int(v.GetAttempt()), int(v.GetMaxAttempts())
+		err := errors.New(v.GetError())
+		if ex.claim() {
+			job.outcome, job.errorCode = v.GetType(), v.GetErrorCode()
+			a.deadLetter(ctx, ex, verdict{action: actDeadLetter, reason: v.GetReason(), code: v.GetErrorCode(), event: v.GetType()}, err, 0)
+		}
+		return err
+	}
+
+	k := a.kinds[job.Kind]
+	if k == nil {
+		if other := a.fleet.runnerOf(job.Queue, job.Kind); other != "" {
+			return a.passOn(ctx, ex, other)
+		}
+		return a.refuse(ctx, ex, protocol.ReasonUnknownKind, protocol.CodeUnknownKind,
+			fmt.Errorf("no live agent on queue %s runs kind %s", job.Queue, job.Kind))
+	}
+
+	parsed, _ := protocol.ParseJob(ex.msg.Subject(), job.Headers, nil)
+	maxAttempts := k.retry.MaxAttempts
+	if parsed.MaxAttempts > 0 {
+		maxAttempts = parsed.MaxAttempts
+	}
+	timeout := k.timeout
+	if parsed.Timeout > 0 {
+		timeout = parsed.Timeout
+	}
+	attempt := max(int(job.Delivered)-int(ex.snoozes), 1)
+	job.Attempt, job.MaxAttempts = attempt, maxAttempts
+	if attempt > maxAttempts {
+		lastErr := fmt.Errorf("no attempt left after %d deliveries: earlier attempts ended without an answer (agent lost or crashed)", job.Delivered)
+		if past.lastError != "" {
+			lastErr = fmt.Errorf("%w; last error: %s", lastErr, past.lastError)
+		}
+		return a.refuse(ctx, ex, protocol.ReasonMaxAttempts, protocol.CodeAgentLost, lastErr)
+	}
+
+	if k.sem != nil {
+		// The kind is capped: wait for its slot (the job keeps its agent slot
+		// and gets progress reports meanwhile); the attempt starts after.
+		select {
+		case k.sem <- struct{}{}:
+			defer func() { <-k.sem }()
+		case <-ctx.Done():
+		}
+	}
+	start := time.Now()
+	job.Deadline = start.Add(timeout)
+	ex.mu.Lock()
+	ex.started, ex.deadline, ex.attempt, ex.running = start, job.Deadline, attempt, true
+	ex.mu.Unlock()
+	if a.cfg.StartedEventAfter < 0 {
+		a.publishStarted(ex)
+	}
+
+	var err error
+	if ctx.Err() == nil {
+		err = k.handler(ctx, job)
+	}
+	a.freeSlot(ex) // the work is done; the next job may come while this one settles
+	cause := context.Cause(ctx)
+	if ctx.Err() == nil {
+		cause = nil
+	}
+	v := decide(err, attempt, maxAttempts, k.retry, func() time.Duration {
+		return k.retry.backoffFor(attempt, parsed.Backoff)
+	}, cause)
+	if cause != nil && (err == nil || errors.Is(err, context.Canceled)) {
+		err = cause // report why the context ended, not just that it did
+	}
+	if !ex.claim() {
+		job.outcome = protocol.EventReleased
+		return err
+	}
+	a.settle(ctx, ex, v, err, time.Since(start))
+	return err
+}
+
+// settle applies a verdict to the message and records it.
+func (a *Agent) settle(ctx context.Context, ex *execution, v verdict, err error, took time.Duration) {
+	job := ex.job
+	job.outcome, job.errorCode = v.event, v.code
+	if v.action == actDeadLetter {
+		a.deadLetter(ctx, ex, v, err, took)
+		return
+	}
+	ev := a.event(ex, v.event)
+	ev.Duration = durationpb.New(took)
+	ev.OutputTail = job.output.String()
+	if err != nil {
+		ev.Error, ev.ErrorCode = protocol.TruncateError(err.Error()), v.code
+	}
+
+	switch v.action {
+	case actAck:
+		// The event goes out first: if the ack is lost, the redelivery finds
+		// "succeeded" and is acked without running again.
+		a.recorder.event(ev)
+		ackCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if ackErr := ex.msg.DoubleAck(ackCtx); ackErr != nil {
+			a.logger.Warn("ack not confirmed; a redelivery will be skipped", telemetry.LogJobID, job.ID, telemetry.LogError, ackErr)
+		}
+	case actRetry:
+		ev.RetryIn = durationpb.New(v.delay)
+		a.recorder.event(ev)
+		if nakErr := ex.msg.NakWithDelay(v.delay); nakErr != nil {
+			a.logger.Warn("nak failed; JetStream redelivers after AckWait", telemetry.LogJobID, job.ID, telemetry.LogError, nakErr)
+		}
+	case actSnooze:
+		ev.RetryIn = durationpb.New(v.delay)
+		a.handBack(ctx, ex, ev, v.delay)
+	case actRelease:
+		a.release(ctx, ex)
+	}
+}
+
+// handBack returns the job to JetStream after delay without spending an
+// attempt. Its event counts one more snooze and is stored before the NAK,
+// so the next delivery counts attempts right.
+func (a *Agent) handBack(ctx context.Context, ex *execution, ev *jetfleetpb.JobEvent, delay time.Duration) {
+	ev.Snoozes = ex.snoozes + 1
+	writeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := a.recorder.eventNow(writeCtx, ev); err != nil {
+		a.logger.Warn("event not stored before hand-back; the next delivery counts an attempt", telemetry.LogJobID, ex.job.ID,
+			"event", ev.GetType(), telemetry.LogError, err)
+	}
+	if err := ex.msg.NakWithDelay(delay); err != nil {
+		a.logger.Warn("nak failed; JetStream redelivers after AckWait", telemetry.LogJobID, ex.job.ID, telemetry.LogError, err)
+	}
+}
+
+// release hands a job of a stopping agent back for immediate redelivery.
+func (a *Agent) release(ctx context.Context, ex *execution) {
+	ex.job.outcome = protocol.EventReleased
+	ev := a.event(ex, protocol.EventReleased)
+	ev.Reason = "agent stopping"
+	a.handBack(ctx, ex, ev, 0)
+}
+
+// passOn hands a job of a kind this agent does not run back, for an agent
+// that does.
+func (a *Agent) passOn(ctx context.Context, ex *execution, other string) error {
+	ex.job.outcome = protocol.EventReleased
+	if !ex.claim() {
+		return nil
+	}
+	ev := a.event(ex, protocol.EventReleased)
+	ev.Reason = "kind " + ex.job.Kind + " is run by agent " + other
+	a.handBack(ctx, ex, ev, passOnDelay)
+	return nil
+}
+
+// skipDuplicate acks a redelivered job whose earlier attempt succeeded.
+func (a *Agent) skipDuplicate(ctx context.Context, ex *execution) error {
+	ex.job.outcome = protocol.EventSkippedDuplicate
+	if !ex.claim() {
+		return nil
+	}
+	ev := a.event(ex, protocol.EventSkippedDuplicate)
+	ev.Reason = "an earlier delivery already succeeded"
+	a.recorder.event(ev)
+	ackCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := ex.msg.DoubleAck(ackCtx); err != nil {
+		a.logger.Warn("ack of a duplicate not confirmed", telemetry.LogJobID, ex.job.ID, telemetry.LogError, err)
+	}
+	return nil
+}
+
+// refuse dead-letters a job without running it.
+func (a *Agent) refuse(ctx context.Context, ex *execution, reason, code string, err error) error {
+	if !ex.claim() {
+		return err
+	}
+	ex.job.outcome, ex.job.errorCode = protocol.EventFailed, code
+	a.deadLetter(ctx, ex, verdict{action: actDeadLetter, reason: reason, code: code, event: protocol.EventFailed}, err, 0)
+	return err
+}
+
+// deadLetter copies the job to the DLQ stream, then terminates it: TERM
+// deletes the message from the work queue, so the copy must be stored first.
+func (a *Agent) deadLetter(ctx context.Context, ex *execution, v verdict, cause error, took time.Duration) {
+	job := ex.job
+	output := job.output.String()
+	dl := &jetfleetpb.DeadLetter{
+		JobId: job.ID, Queue: job.Queue, Kind: job.Kind, Reason: v.reason, Attempts: uint32(max(job.Attempt, int(job.Delivered)-int(ex.snoozes))),
+		ErrorCode: v.code, OriginalSubject: ex.msg.Subject(), OriginalStream: protocol.StreamJobs, OriginalSequence: ex.seq,
+		Headers: protocol.HeadersDoc(job.Headers), Payload: job.Payload, FailedAt: timestamppb.Now(), AgentId: a.cfg.ID,
+		TraceId: job.TraceID, OutputTail: output,
+	}
+	if cause != nil {
+		dl.LastError = protocol.TruncateError(cause.Error())
+	}
+	msg, err := protocol.DeadLetterMsg(dl)
+	if err == nil {
+		pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		_, err = a.js.PublishMsg(pubCtx, msg)
+		cancel()
+	}
+	if err != nil {
+		// Without the copy the job must not be terminated. Store the
+		// verdict, so the next delivery dead-letters without running the
+		// job again, and try again then.
+		a.logger.Error("dead letter not stored; the job will be delivered again", telemetry.LogJobID, job.ID, telemetry.LogError, err)
+		verdictEv := a.event(ex, v.event)
+		verdictEv.Reason, verdictEv.ErrorCode, verdictEv.Duration = v.reason, v.code, durationpb.New(took)
+		if cause != nil {
+			verdictEv.Error = dl.GetLastError()
+		}
+		writeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		if werr := a.recorder.eventNow(writeCtx, verdictEv); werr != nil {
+			a.logger.Warn("verdict not stored either; the next delivery runs the job again", telemetry.LogJobID, job.ID, telemetry.LogError, werr)
+		}
+		cancel()
+		_ = ex.msg.NakWithDelay(5 * time.Second)
+		return
+	}
+	if err := ex.msg.TermWithReason(v.reason); err != nil {
+		a.logger.Warn("term failed; the supervisor dead-letters the job again with the same id", telemetry.LogJobID, job.ID, telemetry.LogError, err)
+	}
+	for _, typ := range []string{v.event, protocol.EventDead} {
+		ev := a.event(ex, typ)
+		ev.Reason, ev.ErrorCode, ev.Duration, ev.OutputTail = v.reason, v.code, durationpb.New(took), output
+		ev.Error = dl.GetLastError()
+		a.recorder.event(ev)
+	}
+}
+
+// history is what a job's events say about earlier deliveries of one message.
+type history struct {
+	// succeeded: an earlier delivery succeeded (its ack was lost).
+	succeeded bool
+	// dead: the job's dead letter is stored (the TERM after it was lost).
+	dead bool
+	// verdict is a failed or cancelled event whose dead letter is missing.
+	verdict *jetfleetpb.JobEvent
+	// snoozes counts deliveries that spent no attempt.
+	snoozes uint32
+	// lastError of the latest failed attempt.
+	lastError string
+}
+
+// historyTypes are the event types history reads: one direct get each, on
+// the type's own subject, so no event arriving out of order can hide one.
+var historyTypes = []string{
+	protocol.EventSucceeded, protocol.EventSkippedDuplicate, protocol.EventFailed, protocol.EventCancelled,
+	protocol.EventDead, protocol.EventSnoozed, protocol.EventReleased, protocol.EventRetrying,
+}
+
+// history reads the job's latest event of each kind that matters, keeping
+// those about this message (seq).
+func (a *Agent) history(ctx context.Context, job *Job, seq uint64) history {
+	getCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	latest := make([]*jetfleetpb.JobEvent, len(historyTypes))
+	var wg sync.WaitGroup
+	for i, typ := range historyTypes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m, err := a.events.GetLastMsgForSubject(getCtx, protocol.JobEventSubject(job.Queue, job.Kind, typ, job.ID))
+			if err != nil {
+				if !errors.Is(err, jetstream.ErrMsgNotFound) {
+					a.logger.Warn("job events unreadable; treating the redelivery as new", telemetry.LogJobID, job.ID, telemetry.LogError, err)
+				}
+				return
+			}
+			var ev jetfleetpb.JobEvent
+			if err := protocol.Unmarshal(m.Data, &ev); err != nil || ev.GetStreamSequence() != seq {
+				return // undecodable, or about another message with the same job id
+			}
+			latest[i] = &ev
+		}()
+	}
+	wg.Wait()
+	var h history
+	var lastFailure time.Time
+	for i, ev := range latest {
+		if ev == nil {
+			continue
+		}
+		h.snoozes = max(h.snoozes, ev.GetSnoozes())
+		switch historyTypes[i] {
+		case protocol.EventSucceeded, protocol.EventSkippedDuplicate:
+			h.succeeded = true
+		case protocol.EventDead:
+			h.dead = true
+		case protocol.EventFailed, protocol.EventCancelled:
+			if latest[slices.Index(historyTypes, protocol.EventDead)] == nil {
+				h.verdict = ev
+			}
+		}
+		if ev.GetError() != "" && ev.GetTime().AsTime().After(lastFailure) {
+			lastFailure, h.lastError = ev.GetTime().AsTime(), ev.GetError()
+		}
+	}
+	return h
+}
+
+// event starts a job event with the fields every event has. The execution's
+// attempt fields must not change meanwhile (hold ex.mu from other goroutines).
+func (a *Agent) event(ex *execution, typ string) *jetfleetpb.JobEvent {
+	job := ex.job
+	ev := &jetfleetpb.JobEvent{
+		Type: typ, JobId: job.ID, Queue: job.Queue, Kind: job.Kind, Attempt: uint32(max(job.Attempt, 0)),
+		MaxAttempts: uint32(max(job.MaxAttempts, 0)), AgentId: a.cfg.ID, Time: timestamppb.Now(),
+		ScheduleId: job.ScheduleID, TraceId: job.TraceID, StreamSequence: ex.seq, Snoozes: ex.snoozes,
+		Delivered: job.Delivered, StartedAt: timestamppb.New(ex.started),
+	}
+	if !job.NominalTime.IsZero() {
+		ev.NominalTime = timestamppb.New(job.NominalTime)
+	}
+	return ev
+}

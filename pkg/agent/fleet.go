@@ -1,0 +1,102 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfleet/jetfleet/pkg/lifecycle"
+
+	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
+	"github.com/jetfleet/jetfleet/pkg/telemetry"
+)
+
+// fleetView watches the agents bucket to know which live agents run which
+// kinds, so a job of a kind this agent does not run is passed on rather
+// than dead-lettered when another agent of its queue runs it.
+type fleetView struct {
+	kv     jetstream.KeyValue
+	self   string
+	logger *slog.Logger
+
+	mu     sync.Mutex
+	agents map[string]registration
+	// serverNow is the newest storage time seen in the bucket: every agent,
+	// this one included, writes each heartbeat, so it tracks the server's
+	// clock without consulting ours.
+	serverNow time.Time
+}
+
+// registration is an agent's latest heartbeat and when the server stored it.
+// Freshness is judged on the server's clock alone (not the sender's sent_at,
+// nor this host's clock), so clocks that disagree between hosts do not matter.
+type registration struct {
+	hb     *jetfleetpb.Heartbeat
+	stored time.Time
+}
+
+func newFleetView(kv jetstream.KeyValue, self string, logger *slog.Logger) *fleetView {
+	return &fleetView{kv: kv, self: self, logger: logger, agents: map[string]registration{}}
+}
+
+// start watches the bucket on a goroutine of runner, until ctx ends.
+func (f *fleetView) start(ctx context.Context, runner *lifecycle.Runner) error {
+	w, err := f.kv.WatchAll(ctx)
+	if err != nil {
+		return err
+	}
+	runner.Go(func(context.Context) {
+		defer func() { _ = w.Stop() }()
+		for entry := range w.Updates() {
+			if entry == nil {
+				continue // end of the initial values
+			}
+			f.apply(entry)
+		}
+	})
+	return nil
+}
+
+func (f *fleetView) apply(entry jetstream.KeyValueEntry) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if entry.Operation() != jetstream.KeyValuePut {
+		delete(f.agents, entry.Key())
+		return
+	}
+	var hb jetfleetpb.Heartbeat
+	if err := protocol.Unmarshal(entry.Value(), &hb); err != nil {
+		f.logger.Debug("unreadable agent registration", telemetry.LogAgentID, entry.Key(), telemetry.LogError, err)
+		return
+	}
+	f.agents[entry.Key()] = registration{hb: &hb, stored: entry.Created()}
+	if entry.Created().After(f.serverNow) {
+		f.serverNow = entry.Created()
+	}
+}
+
+// runnerOf returns a live agent, other than this one, that pulls queue and
+// runs kind, or "".
+func (f *fleetView) runnerOf(queue, kind string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for id, reg := range f.agents {
+		hb := reg.hb
+		if id == f.self || hb.GetDraining() {
+			continue
+		}
+		// The bucket's TTL has not dropped a stale entry yet.
+		if f.serverNow.Sub(reg.stored) > 3*max(hb.GetInterval().AsDuration(), time.Second) {
+			continue
+		}
+		if slices.Contains(hb.GetQueues(), queue) && (len(hb.GetKinds()) == 0 || slices.Contains(hb.GetKinds(), kind)) {
+			return id
+		}
+	}
+	return ""
+}

@@ -1,0 +1,154 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jetfleet/jetfleet/pkg/protocol"
+)
+
+// SnoozeError asks for the job to run again after Delay without spending an
+// attempt. Return it with Snooze.
+type SnoozeError struct{ Delay time.Duration }
+
+func (e *SnoozeError) Error() string { return fmt.Sprintf("snoozed for %s", e.Delay) }
+
+// Snooze ends the attempt and runs the job again after d, without spending
+// an attempt. Snoozes still count against the queue's max_deliver.
+func Snooze(d time.Duration) error { return &SnoozeError{Delay: d} }
+
+// RetryError is a failure with an explicit delay before the next attempt.
+type RetryError struct {
+	Err   error
+	Delay time.Duration
+}
+
+func (e *RetryError) Error() string { return e.Err.Error() }
+func (e *RetryError) Unwrap() error { return e.Err }
+
+// Retry fails the attempt and waits d before the next one (instead of the
+// retry policy's backoff). The last attempt still dead-letters.
+func Retry(err error, d time.Duration) error { return &RetryError{Err: err, Delay: d} }
+
+// NonRetryableError fails the job for good.
+type NonRetryableError struct{ Err error }
+
+func (e *NonRetryableError) Error() string { return e.Err.Error() }
+func (e *NonRetryableError) Unwrap() error { return e.Err }
+
+// NonRetryable fails the job without further attempts: it is dead-lettered.
+func NonRetryable(err error) error { return &NonRetryableError{Err: err} }
+
+// CancelError ends the job as cancelled.
+type CancelError struct{ Err error }
+
+func (e *CancelError) Error() string { return "cancelled: " + e.Err.Error() }
+func (e *CancelError) Unwrap() error { return e.Err }
+
+// Cancel ends the job as cancelled; it is dead-lettered with reason cancelled.
+func Cancel(err error) error { return &CancelError{Err: err} }
+
+// MalformedError reports a payload the handler cannot read.
+type MalformedError struct{ Err error }
+
+func (e *MalformedError) Error() string { return "malformed payload: " + e.Err.Error() }
+func (e *MalformedError) Unwrap() error { return e.Err }
+
+// Malformed fails the job for good because its payload cannot be read.
+func Malformed(err error) error { return &MalformedError{Err: err} }
+
+// PanicError is a recovered panic.
+type PanicError struct {
+	Value any
+	Stack string
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("panic: %v\n%s", e.Value, e.Stack) }
+
+// TimeoutError reports an attempt that outlived its deadline.
+type TimeoutError struct{ Timeout time.Duration }
+
+func (e *TimeoutError) Error() string { return fmt.Sprintf("attempt timed out after %s", e.Timeout) }
+
+// errCancelledByCommand is the cancel cause of a job cancelled through the
+// agent's control subject.
+type cancelCommandError struct{ reason string }
+
+func (e *cancelCommandError) Error() string {
+	if e.reason == "" {
+		return "cancelled by command"
+	}
+	return "cancelled by command: " + e.reason
+}
+
+// errReleased is the cancel cause of jobs handed back by a stopping agent.
+var errReleased = errors.New("agent stopping: job handed back for redelivery")
+
+// action is what settle does with a finished attempt.
+type action int
+
+const (
+	actAck action = iota
+	actRetry
+	actSnooze
+	actDeadLetter
+	actRelease
+)
+
+// verdict is the single mapping from a handler's result to a JetStream action.
+type verdict struct {
+	action action
+	delay  time.Duration
+	// reason and code describe failures (dead-letter reason, error code).
+	reason string
+	code   string
+	// event is the job event type published for the outcome.
+	event string
+}
+
+// decide maps a handler result to a verdict. attempt and maxAttempts are of
+// this delivery; delay computes the policy's backoff for a retry; ctxErr
+// is the cause the job's context was cancelled with, if any.
+func decide(err error, attempt, maxAttempts int, policy RetryPolicy, backoff func() time.Duration, cause error) verdict {
+	var (
+		snooze *SnoozeError
+		retry  *RetryError
+		nonRet *NonRetryableError
+		cancel *CancelError
+		malf   *MalformedError
+		cmd    *cancelCommandError
+		timeo  *TimeoutError
+		pan    *PanicError
+	)
+	switch {
+	case errors.Is(cause, errReleased):
+		return verdict{action: actRelease, event: protocol.EventReleased}
+	case err == nil:
+		return verdict{action: actAck, event: protocol.EventSucceeded}
+	case errors.As(err, &snooze):
+		return verdict{action: actSnooze, delay: snooze.Delay, event: protocol.EventSnoozed}
+	case errors.As(cause, &cmd), errors.As(err, &cancel):
+		return verdict{action: actDeadLetter, reason: protocol.ReasonCancelled, code: protocol.CodeCancelled, event: protocol.EventCancelled}
+	case errors.As(err, &malf):
+		return verdict{action: actDeadLetter, reason: protocol.ReasonMalformedPayload, code: protocol.CodeMalformedPayload, event: protocol.EventFailed}
+	case errors.As(err, &nonRet) || policy.isNonRetryable(err):
+		return verdict{action: actDeadLetter, reason: protocol.ReasonNonRetryable, code: protocol.CodeNonRetryable, event: protocol.EventFailed}
+	}
+	code := protocol.CodeHandlerError
+	switch {
+	case errors.As(err, &timeo), errors.Is(err, context.DeadlineExceeded):
+		code = protocol.CodeTimeout
+	case errors.As(err, &pan):
+		code = protocol.CodePanic
+	}
+	if attempt >= maxAttempts {
+		return verdict{action: actDeadLetter, reason: protocol.ReasonMaxAttempts, code: code, event: protocol.EventFailed}
+	}
+	d := backoff()
+	if errors.As(err, &retry) {
+		d = retry.Delay
+	}
+	return verdict{action: actRetry, delay: d, code: code, event: protocol.EventRetrying}
+}
