@@ -1,0 +1,180 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jetfleet/jetfleet/pkg/clock"
+	"github.com/jetfleet/jetfleet/pkg/config"
+	"github.com/jetfleet/jetfleet/pkg/lifecycle"
+	"github.com/jetfleet/jetfleet/pkg/service"
+	"github.com/jetfleet/jetfleet/pkg/telemetry"
+	"github.com/jetfleet/jetfleet/pkg/topology"
+)
+
+// Config is the scheduler section of the configuration (koanf "scheduler").
+// Zero values mean the documented default.
+type Config struct {
+	// LeaseKey is the key of the leader lease in bucket leases. Replicas
+	// with the same key compete for one leadership. Defaults to "scheduler".
+	LeaseKey string `koanf:"lease_key"`
+	// RenewInterval is how often the leader renews its lease. Defaults to a
+	// quarter of topology.lease_ttl; at most half of it.
+	RenewInterval time.Duration `koanf:"renew_interval"`
+	// AcquireInterval is how often a follower tries to take a free lease.
+	// Defaults to a twentieth of topology.lease_ttl.
+	AcquireInterval time.Duration `koanf:"acquire_interval"`
+	// MisfireThreshold is how late a fire may be and still count as on time;
+	// later ones (after downtime) follow the schedule's misfire policy. Keep
+	// it above topology.lease_ttl so that a failover misfires nothing.
+	// Defaults to 10s.
+	MisfireThreshold time.Duration `koanf:"misfire_threshold"`
+	// PublishTimeout bounds the wait for JetStream to acknowledge a batch of
+	// fires. Defaults to 10s.
+	PublishTimeout time.Duration `koanf:"publish_timeout"`
+	// RetryDelay is the wait before a schedule whose fire could not be
+	// published is tried again. Defaults to 1s.
+	RetryDelay time.Duration `koanf:"retry_delay"`
+	// MaxBackfill bounds the fires of one backfill request. Defaults to 1000.
+	MaxBackfill int `koanf:"max_backfill"`
+	// LostRunGrace is how long the leader waits for an event that ends a
+	// run (succeeded, skipped_duplicate, dead) once the run's job has left
+	// JOBS; past it the run counts as over (skipped, reason run_lost), so
+	// that a lost event cannot block an overlap policy for good. The leader
+	// checks the running runs every LostRunGrace/2. Defaults to 1m.
+	LostRunGrace time.Duration `koanf:"lost_run_grace"`
+}
+
+// Defaults of Config.
+const (
+	DefaultLeaseKey         = "scheduler"
+	DefaultMisfireThreshold = 10 * time.Second
+	DefaultPublishTimeout   = 10 * time.Second
+	DefaultRetryDelay       = time.Second
+	DefaultMaxBackfill      = 1000
+	DefaultLostRunGrace     = time.Minute
+)
+
+// WithDefaults returns c with zero values replaced by their defaults;
+// leaseTTL is topology.lease_ttl.
+func (c Config) WithDefaults(leaseTTL time.Duration) Config { return c.withDefaults(leaseTTL) }
+
+// ApplyDefaults implements service.Defaulter.
+func (c *ServiceConfig) ApplyDefaults() {
+	c.Base.ApplyDefaults()
+	c.Scheduler = c.Scheduler.WithDefaults(c.Topology.LeaseTTL)
+}
+
+// withDefaults fills zero values; leaseTTL is topology.lease_ttl.
+func (c Config) withDefaults(leaseTTL time.Duration) Config {
+	if c.LeaseKey == "" {
+		c.LeaseKey = DefaultLeaseKey
+	}
+	if c.RenewInterval == 0 {
+		c.RenewInterval = leaseTTL / 4
+	}
+	if c.AcquireInterval == 0 {
+		c.AcquireInterval = leaseTTL / 20
+	}
+	if c.MisfireThreshold == 0 {
+		c.MisfireThreshold = DefaultMisfireThreshold
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = DefaultPublishTimeout
+	}
+	if c.RetryDelay == 0 {
+		c.RetryDelay = DefaultRetryDelay
+	}
+	if c.MaxBackfill == 0 {
+		c.MaxBackfill = DefaultMaxBackfill
+	}
+	if c.LostRunGrace == 0 {
+		c.LostRunGrace = DefaultLostRunGrace
+	}
+	return c
+}
+
+// Validate checks c against the lease TTL; keys are reported below section.
+func (c Config) Validate(section string, leaseTTL time.Duration) error {
+	key := func(k string) string { return section + "." + k }
+	var errs []error
+	if c.LeaseKey != "" && !validLeaseKey(c.LeaseKey) {
+		errs = append(errs, config.Invalid(key("lease_key"), "must be a key-value key: letters, digits, '-', '_', '/', '=' or '.'"))
+	}
+	for k, d := range map[string]time.Duration{
+		"renew_interval": c.RenewInterval, "acquire_interval": c.AcquireInterval, "misfire_threshold": c.MisfireThreshold,
+		"publish_timeout": c.PublishTimeout, "retry_delay": c.RetryDelay, "lost_run_grace": c.LostRunGrace,
+	} {
+		if d < 0 {
+			errs = append(errs, config.Invalid(key(k), "must not be negative, got %s", d))
+		}
+	}
+	if c.RenewInterval > leaseTTL/2 {
+		errs = append(errs, config.Invalid(key("renew_interval"), "must be at most half of topology.lease_ttl (%s), got %s", leaseTTL, c.RenewInterval))
+	}
+	if c.AcquireInterval > leaseTTL {
+		errs = append(errs, config.Invalid(key("acquire_interval"), "must be at most topology.lease_ttl (%s), got %s", leaseTTL, c.AcquireInterval))
+	}
+	if c.MaxBackfill < 0 || c.MaxBackfill > 100_000 {
+		errs = append(errs, config.Invalid(key("max_backfill"), "must be 0 (default %d) to 100000", DefaultMaxBackfill))
+	}
+	return errors.Join(errs...)
+}
+
+// ServiceConfig is the whole configuration of the scheduler service.
+type ServiceConfig struct {
+	service.Base `koanf:",squash"`
+	Scheduler    Config `koanf:"scheduler"`
+}
+
+// DefaultHTTPAddr is where the scheduler service serves /metrics, /healthz
+// and /readyz unless configured otherwise.
+const DefaultHTTPAddr = "127.0.0.1:9102"
+
+// DefaultServiceConfig returns the service's defaults.
+func DefaultServiceConfig() *ServiceConfig {
+	c := &ServiceConfig{}
+	c.Telemetry.HTTPAddr = DefaultHTTPAddr
+	return c
+}
+
+// Validate checks the shared sections and the scheduler section.
+func (c *ServiceConfig) Validate() error {
+	ttl := c.Topology.WithDefaults().LeaseTTL
+	return errors.Join(c.Base.Validate(), c.Scheduler.Validate("scheduler", ttl))
+}
+
+// BuildFunc returns the service.BuildFunc of the scheduler service: it
+// builds a Scheduler on the real clock and registers its readiness check
+// (ready once the definitions and states are loaded).
+func BuildFunc(cfg Config) service.BuildFunc {
+	return func(_ context.Context, env *service.Env, http *telemetry.HTTPServer) (lifecycle.Component, error) {
+		s, err := New(cfg, env, clock.Real())
+		if err != nil {
+			return nil, err
+		}
+		if http != nil {
+			http.AddReadyCheck("scheduler", s.Ready)
+		}
+		return s, nil
+	}
+}
+
+func leaseTTLOf(env *service.Env) time.Duration {
+	if env.Base == nil {
+		return topology.DefaultLeaseTTL
+	}
+	return env.Base.Topology.WithDefaults().LeaseTTL
+}
+
+func validLeaseKey(k string) bool {
+	for _, r := range k {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '/', r == '=', r == '.':
+		default:
+			return false
+		}
+	}
+	return k[0] != '.' && k[len(k)-1] != '.'
+}

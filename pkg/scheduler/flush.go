@@ -1,0 +1,295 @@
+package scheduler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
+	"github.com/jetfleet/jetfleet/pkg/telemetry"
+)
+
+var errNotLeader = protocol.Errorf(protocol.CodeUnavailable, "this replica is not the scheduler leader")
+
+func ts(unix int64) *timestamppb.Timestamp { return timestamppb.New(time.Unix(unix, 0)) }
+
+// event queues a schedule event; msgID makes it idempotent in EVENTS.
+func (e *engine) event(en *entry, doc *jetfleetpb.ScheduleEvent, msgID string) {
+	doc.ScheduleId = en.id
+	if en.c != nil {
+		doc.Queue, doc.Kind = en.c.queue, en.c.kindName
+	}
+	doc.Time = timestamppb.New(e.s.clk.Now())
+	e.b.events = append(e.b.events, pendingEvent{subject: protocol.ScheduleEventSubject(en.id, doc.Type), msgID: msgID, doc: doc})
+}
+
+// flush publishes the batch: first every job (with Nats-Msg-Id = job id),
+// then, once JetStream has stored them, the revision-checked state advance
+// of every schedule involved and the schedule events. A schedule whose fire
+// could not be published keeps its old state and is tried again; one whose
+// state write meets another writer's revision reloads that state.
+func (e *engine) flush() {
+	b := &e.b
+	if len(b.touched) == 0 && len(b.events) == 0 {
+		return
+	}
+	s := e.s
+	ctx := e.ctx
+	deadline := time.NewTimer(s.cfg.PublishTimeout)
+	defer deadline.Stop()
+	timedOut := false
+	wait := func(f jetstream.PubAckFuture) (*jetstream.PubAck, error) {
+		if timedOut {
+			select {
+			case ack := <-f.Ok():
+				return ack, nil
+			case err := <-f.Err():
+				return nil, err
+			default:
+				return nil, jetstream.ErrAsyncPublishTimeout
+			}
+		}
+		select {
+		case ack := <-f.Ok():
+			return ack, nil
+		case err := <-f.Err():
+			return nil, err
+		case <-deadline.C:
+			timedOut = true
+			return nil, jetstream.ErrAsyncPublishTimeout
+		case <-ctx.Done():
+			timedOut = true
+			return nil, ctx.Err()
+		}
+	}
+
+	// 1. Jobs.
+	for _, f := range b.fires {
+		if f.en.flags&flagDeleted != 0 {
+			f.err = protocol.Errorf(protocol.CodeNotFound, "schedule %s was deleted", f.en.id)
+			continue
+		}
+		if !e.forceLeader && !s.el.IsLeader() {
+			f.err = errNotLeader
+			f.en.flags |= flagFailed
+			continue
+		}
+		msg, err := e.jobMsg(f)
+		if err != nil {
+			f.err = err
+			f.en.flags |= flagFailed
+			continue
+		}
+		spanCtx, span := s.tracer.Start(ctx, "scheduler.fire", trace.WithSpanKind(trace.SpanKindProducer),
+			trace.WithAttributes(attribute.String(telemetry.LogScheduleID, f.en.id), attribute.String(telemetry.LogJobID, f.jobID),
+				attribute.String("nominal_time", time.Unix(f.nominal, 0).UTC().Format(time.RFC3339)), attribute.String("source", f.source)))
+		telemetry.Inject(spanCtx, msg.Header)
+		f.span, f.traceID = span, telemetry.TraceID(spanCtx)
+		f.sent = s.clk.Now()
+		if f.future, err = s.js.PublishMsgAsync(msg); err != nil {
+			f.err = err
+			f.en.flags |= flagFailed
+		}
+	}
+	for _, f := range b.fires {
+		if f.future != nil {
+			f.ack, f.err = wait(f.future)
+		}
+		if f.span != nil {
+			if f.err != nil {
+				f.span.RecordError(f.err)
+				f.span.SetStatus(codes.Error, f.err.Error())
+			} else if f.ack.Duplicate {
+				f.span.SetAttributes(attribute.Bool("duplicate", true))
+			}
+			f.span.End()
+		}
+		if f.err != nil {
+			f.en.flags |= flagFailed
+			if !errors.Is(f.err, errNotLeader) && ctx.Err() == nil {
+				s.log.Warn("fire not published; will retry", telemetry.LogScheduleID, f.en.id, telemetry.LogJobID, f.jobID, telemetry.LogError, f.err)
+			}
+			continue
+		}
+		f.outcome = "fired"
+		w := f.en.work
+		w.fires++
+		w.lastJobID, w.lastFireNom, w.lastFiredAt = f.jobID, f.nominal, f.sent.UnixNano()
+		if w.running == f.jobID {
+			w.runningSeq = f.ack.Sequence
+		}
+		switch f.source {
+		case sourceSchedule, sourceCatchUp, sourceEvent, sourceDependency:
+			s.metrics.delay.Record(ctx, f.sent.Sub(time.Unix(0, f.planned)).Seconds())
+		}
+		s.metrics.fires.Add(ctx, 1, sourceAttr(f.source))
+		if f.ack.Duplicate {
+			s.metrics.duplicates.Add(ctx, 1)
+		}
+		reason := f.note
+		if f.source != sourceSchedule && reason == "" {
+			reason = f.source
+		}
+		e.event(f.en, &jetfleetpb.ScheduleEvent{Type: "fired", NominalTime: ts(f.nominal), JobId: f.jobID, Reason: reason, TraceId: f.traceID},
+			f.jobID+".fired")
+	}
+
+	// 2. State advances, revision-checked, and events, all in flight at once.
+	type stateWrite struct {
+		en     *entry
+		future jetstream.PubAckFuture
+	}
+	var writes []stateWrite
+	now := s.clk.Now()
+	for _, en := range b.touched {
+		if en.flags&(flagFailed|flagDeleted) != 0 {
+			continue
+		}
+		data, err := json.Marshal(en.work.toState(en.id, now))
+		if err == nil {
+			var fut jetstream.PubAckFuture
+			fut, err = s.js.PublishMsgAsync(&nats.Msg{Subject: s.stateSubject(en.id), Data: data},
+				jetstream.WithExpectLastSequencePerSubject(en.stRev))
+			if err == nil {
+				writes = append(writes, stateWrite{en, fut})
+				continue
+			}
+		}
+		s.log.Warn("state write not sent; will retry", telemetry.LogScheduleID, en.id, telemetry.LogError, err)
+		en.flags |= flagFailed
+	}
+	var events []jetstream.PubAckFuture
+	for _, ev := range b.events {
+		data, err := protocol.Marshal(ev.doc)
+		if err != nil {
+			continue
+		}
+		m := &nats.Msg{Subject: ev.subject, Data: data, Header: nats.Header{protocol.HeaderMsgID: {ev.msgID}}}
+		if fut, err := s.js.PublishMsgAsync(m); err == nil {
+			events = append(events, fut)
+		} else {
+			s.log.Warn("schedule event not published", "subject", ev.subject, telemetry.LogError, err)
+		}
+	}
+	for _, sw := range writes {
+		ack, err := wait(sw.future)
+		switch {
+		case err == nil:
+			sw.en.rt, sw.en.stRev, sw.en.conflicts = *sw.en.work, ack.Sequence, 0
+		case isRevisionConflict(err):
+			sw.en.flags |= flagReload
+		default:
+			if ctx.Err() == nil {
+				s.log.Warn("state write failed; will retry", telemetry.LogScheduleID, sw.en.id, telemetry.LogError, err)
+			}
+			sw.en.flags |= flagFailed
+		}
+	}
+	for _, fut := range events {
+		if _, err := wait(fut); err != nil && ctx.Err() == nil {
+			s.log.Warn("schedule event not stored", telemetry.LogError, err)
+		}
+	}
+
+	// 3. Settle every schedule of the batch.
+	retryAt := now.Add(s.cfg.RetryDelay).UnixNano()
+	for _, en := range b.touched {
+		failed, reload := en.flags&flagFailed != 0, en.flags&flagReload != 0
+		en.work, en.flags = nil, en.flags&flagDeleted
+		if en.flags&flagDeleted != 0 {
+			continue
+		}
+		if reload {
+			en.conflicts = min(en.conflicts+1, math.MaxUint8)
+			if en.conflicts == 1 {
+				s.log.Info("schedule state changed under this replica; reloading", telemetry.LogScheduleID, en.id)
+			} else {
+				s.log.Warn("schedule state changed under this replica again; reloading and backing off",
+					telemetry.LogScheduleID, en.id, "conflicts", en.conflicts)
+			}
+			e.reload(en)
+			if en.conflicts > 1 {
+				// Another writer keeps winning, or this replica keeps
+				// expecting the wrong revision: do not publish in a loop.
+				en.retryAt = max(en.retryAt, now.Add(conflictBackoff(s.cfg.RetryDelay, en.conflicts)).UnixNano())
+			}
+		}
+		if failed {
+			en.retryAt = retryAt
+			e.restartConsumer(en)
+		}
+		e.reschedule(en)
+	}
+	clear(b.fires)
+	clear(b.events)
+	clear(b.touched)
+	b.fires, b.events, b.touched = b.fires[:0], b.events[:0], b.touched[:0]
+}
+
+// reload reads en's state from the bucket after a revision conflict. It
+// reads the last message on the key's subject, not the key: after a delete
+// or purge the key has no value, but the marker has a sequence, and the next
+// revision-checked write must expect it.
+func (e *engine) reload(en *entry) {
+	ctx, cancel := context.WithTimeout(e.ctx, e.s.cfg.PublishTimeout)
+	defer cancel()
+	m, err := e.s.stateStream.GetLastMsgForSubject(ctx, e.s.stateSubject(en.id))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		en.rt, en.stRev = en.rt.afterMarker(en.c != nil), 0 // no message on the subject at all
+	case err != nil:
+		e.s.log.Warn("could not reload schedule state", telemetry.LogScheduleID, en.id, telemetry.LogError, err)
+		en.retryAt = e.s.clk.Now().Add(e.s.cfg.RetryDelay).UnixNano()
+	case m.Header.Get(kvOperationHeader) != "":
+		en.rt, en.stRev = en.rt.afterMarker(en.c != nil), m.Sequence // a delete or purge marker
+	default:
+		rt, derr := decodeState(m.Data)
+		if derr != nil {
+			e.s.log.Error("unreadable schedule state; starting over", telemetry.LogScheduleID, en.id, telemetry.LogError, derr)
+			rt = newRuntime()
+		}
+		en.rt, en.stRev = rt, m.Sequence
+	}
+	e.restartConsumer(en)
+}
+
+// kvOperationHeader marks the delete ("DEL") and purge ("PURGE") markers of
+// a key-value bucket.
+const kvOperationHeader = "KV-Operation"
+
+// conflictBackoff is the wait before the next write of a schedule whose
+// state writes met another writer's revision conflicts times in a row: none
+// after the first, then retryDelay doubling up to 32 times retryDelay.
+func conflictBackoff(retryDelay time.Duration, conflicts uint8) time.Duration {
+	if conflicts < 2 {
+		return 0
+	}
+	return retryDelay << min(conflicts-2, 5)
+}
+
+func isRevisionConflict(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// jobMsg builds the job message of a fire.
+func (e *engine) jobMsg(f *fireReq) (*nats.Msg, error) {
+	c := f.en.c
+	job := protocol.Job{ID: f.jobID, Queue: c.queue, Kind: c.kindName, Payload: f.payload, Timeout: c.timeout,
+		MaxAttempts: int(c.maxAttempts), ScheduleID: f.en.id, NominalTime: time.Unix(f.nominal, 0), Header: nats.Header{}}
+	if c.backoff != "" {
+		job.Header.Set(protocol.HeaderBackoff, c.backoff)
+	}
+	return job.Msg()
+}

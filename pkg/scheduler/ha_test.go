@@ -1,0 +1,326 @@
+package scheduler_test
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetfleet/jetfleet/pkg/clock"
+	"github.com/jetfleet/jetfleet/pkg/natstest"
+	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/scheduler"
+	"github.com/jetfleet/jetfleet/pkg/topology"
+)
+
+// haTopology uses a short lease so that failovers are quick.
+var haTopology = topology.Config{LeaseTTL: 2 * time.Second}
+
+// leaderWatch samples which replicas lead, to catch two at once.
+type leaderWatch struct {
+	mu      sync.Mutex
+	rs      []*replica
+	maxSeen int
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+func watchLeaders(t *testing.T) *leaderWatch {
+	w := &leaderWatch{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		tick := time.NewTicker(2 * time.Millisecond) // sampling an observation, not waiting for one
+		defer tick.Stop()
+		for {
+			select {
+			case <-w.stop:
+				return
+			case <-tick.C:
+			}
+			w.mu.Lock()
+			n := 0
+			for _, r := range w.rs {
+				if r.IsLeader() {
+					n++
+				}
+			}
+			w.maxSeen = max(w.maxSeen, n)
+			w.mu.Unlock()
+		}
+	}()
+	t.Cleanup(w.close)
+	return w
+}
+
+func (w *leaderWatch) add(r *replica) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.rs = append(w.rs, r)
+}
+
+func (w *leaderWatch) close() {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	<-w.done
+}
+
+func (w *leaderWatch) max() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.maxSeen
+}
+
+func (w *leaderWatch) live() []*replica {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []*replica
+	for _, r := range w.rs {
+		if !r.stopped {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// TestFailoverFiresWithinLeaseTTL runs three competing replicas, kills the
+// leader and measures how long the fleet goes without a fire.
+func TestFailoverFiresWithinLeaseTTL(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, haTopology)
+	leaders := watchLeaders(t)
+	for range 3 {
+		leaders.add(f.replica(scheduler.Config{}, clock.Real()))
+	}
+	leader := leaderOf(t, leaders.live()...)
+	events := watchScheduleEvents(t, f.nc)
+	_, err := f.client.Add(ctx(t, 10*time.Second), interval("beat", time.Second, "echo"))
+	require.NoError(t, err)
+	events.waitN(t, "beat", protocol.EventFired, 3)
+
+	killedAt := time.Now()
+	leader.kill()
+	next := leaderOf(t, leaders.live()...)
+	require.NotSame(t, leader, next)
+	before := len(events.of("beat", protocol.EventFired))
+	events.waitN(t, "beat", protocol.EventFired, before+1)
+
+	var firstAfter time.Time
+	var lastBefore int64
+	msgs := f.jobMessages(t)
+	for _, m := range msgs {
+		n := nominalOf(t, m)
+		if m.stored.Before(killedAt) {
+			lastBefore = max(lastBefore, n)
+		}
+	}
+	for _, m := range msgs {
+		if nominalOf(t, m) > lastBefore && (firstAfter.IsZero() || m.stored.Before(firstAfter)) {
+			firstAfter = m.stored
+		}
+	}
+	gap := firstAfter.Sub(killedAt)
+	t.Logf("first fire %s after the leader was killed (lease TTL %s)", gap, haTopology.LeaseTTL)
+	assert.Less(t, gap, haTopology.LeaseTTL+time.Second, "a new leader fires within lease TTL + 1s")
+	assert.Equal(t, 1, leaders.max(), "never two leaders at once")
+}
+
+func nominalOf(t *testing.T, m jobMessage) int64 {
+	t.Helper()
+	at, err := time.Parse(time.RFC3339, m.header.Get(protocol.HeaderNominalTime))
+	require.NoError(t, err)
+	return at.Unix()
+}
+
+// TestRepeatedLeaderKillsFireEveryNominalTimeExactlyOnce kills the leader
+// over and over while schedules fire every second, replacing each killed
+// replica. Every (schedule, nominal time) between the first and the last
+// fire yields exactly one job message in JOBS: none doubled, none missed.
+func TestRepeatedLeaderKillsFireEveryNominalTimeExactlyOnce(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, haTopology)
+	leaders := watchLeaders(t)
+	for range 3 {
+		leaders.add(f.replica(scheduler.Config{}, clock.Real()))
+	}
+	events := watchScheduleEvents(t, f.nc)
+	const schedules = 8
+	var ids []string
+	for i := range schedules {
+		def := interval(fmt.Sprintf("s%d", i), time.Second, "echo")
+		def.Policy.Misfire = scheduler.MisfireFireAll
+		_, err := f.client.Add(ctx(t, 10*time.Second), def)
+		require.NoError(t, err)
+		ids = append(ids, def.ID)
+	}
+	fired := func() int {
+		n := 0
+		for _, id := range ids {
+			n += len(events.of(id, protocol.EventFired))
+		}
+		return n
+	}
+	kills := 0
+	for fired() < 240 || kills < 5 {
+		leader := leaderOf(t, leaders.live()...)
+		// Let the leader fire a few rounds, then kill it mid-run.
+		target := fired() + 2*schedules
+		for _, id := range ids {
+			events.waitN(t, id, protocol.EventFired, len(events.of(id, protocol.EventFired))+1)
+		}
+		for fired() < target {
+			events.waitN(t, ids[0], protocol.EventFired, len(events.of(ids[0], protocol.EventFired))+1)
+		}
+		leader.kill()
+		kills++
+		leaders.add(f.replica(scheduler.Config{}, clock.Real()))
+	}
+	// Let the last leader catch up, then stop every replica.
+	leaderOf(t, leaders.live()...)
+	for _, id := range ids {
+		events.waitN(t, id, protocol.EventFired, len(events.of(id, protocol.EventFired))+2)
+	}
+	for _, r := range leaders.live() {
+		r.stop()
+	}
+
+	byID := map[string]int{}
+	nominals := map[string][]int64{}
+	for _, m := range f.jobMessages(t) {
+		byID[m.id]++
+		sid := m.header.Get(protocol.HeaderScheduleID)
+		nominals[sid] = append(nominals[sid], nominalOf(t, m))
+	}
+	total := 0
+	for id, n := range byID {
+		assert.Equal(t, 1, n, "job %s has %d messages", id, n)
+		total++
+	}
+	for _, id := range ids {
+		ns := nominals[id]
+		sort.Slice(ns, func(i, j int) bool { return ns[i] < ns[j] })
+		require.NotEmpty(t, ns, id)
+		for i := 1; i < len(ns); i++ {
+			assert.Equal(t, ns[i-1]+1, ns[i], "schedule %s: a nominal time is missing or doubled after %d", id, ns[i-1])
+		}
+	}
+	t.Logf("%d job messages for %d schedules across %d leader kills", total, schedules, kills)
+	assert.GreaterOrEqual(t, total, 200)
+	assert.Equal(t, 1, leaders.max(), "never two leaders at once")
+}
+
+// TestStaleLeaderPublishIsRejectedAsDuplicate makes a replica that lost the
+// race act on a stale view of a schedule: it publishes a nominal time the
+// leader already fired. JetStream drops the message as a duplicate (same
+// Nats-Msg-Id) and the stale state write fails its revision check, after
+// which the replica reloads the state. It runs on one server and on a
+// three-node cluster with R3 buckets, where conflicts carry another error code.
+func TestStaleLeaderPublishIsRejectedAsDuplicate(t *testing.T) {
+	t.Parallel()
+	t.Run("single server", func(t *testing.T) {
+		t.Parallel()
+		staleLeaderTest(t, newFleet(t, topology.Config{}))
+	})
+	t.Run("three-node cluster, R3", func(t *testing.T) {
+		t.Parallel()
+		cluster := natstest.StartCluster(t, 3)
+		waitForPlacement(t, cluster.URLs())
+		staleLeaderTest(t, newFleetURL(t, cluster.URLs(), topology.Config{Replicas: 3}))
+	})
+}
+
+func staleLeaderTest(t *testing.T, f *fleet) {
+	clk := clock.NewFake(utc("2026-06-01T10:00:00Z"))
+	a := f.replica(scheduler.Config{}, clk)
+	waitLeading(t, a)
+	b := f.replica(scheduler.Config{}, clk)
+	c := ctx(t, 60*time.Second)
+	_, err := f.client.Add(c, interval("stale", 10*time.Second, "echo"))
+	require.NoError(t, err)
+	require.NoError(t, a.WaitSynced(c))
+
+	states, err := f.js.KeyValue(c, protocol.BucketScheduleState)
+	require.NoError(t, err)
+	clk.Set(utc("2026-06-01T10:00:10Z"))
+	require.NoError(t, a.Kick(c))
+	first, err := states.Get(c, "stale")
+	require.NoError(t, err)
+	clk.Set(utc("2026-06-01T10:00:20Z"))
+	require.NoError(t, a.Kick(c))
+	current, err := states.Get(c, "stale")
+	require.NoError(t, err)
+	require.NoError(t, b.WaitSynced(c))
+	assert.False(t, b.IsLeader())
+
+	nominal := utc("2026-06-01T10:00:20Z").Unix()
+	res, err := b.ForceStaleFire(c, "stale", nominal, first.Revision())
+	require.NoError(t, err)
+	assert.True(t, res.Published, "the stale replica did publish")
+	assert.True(t, res.Duplicate, "JetStream rejected the publish as a duplicate (PubAck.Duplicate)")
+	assert.True(t, res.Reloaded, "the stale state write failed its revision check")
+	assert.Equal(t, current.Revision(), res.CurrentRev, "the replica adopted the leader's state")
+	assert.Equal(t, 1.0, counterValue(t, b.env.Telemetry.Registry, "jetfleet_scheduler_duplicates_total"))
+
+	count := map[string]int{}
+	for _, m := range f.jobMessages(t) {
+		count[m.id]++
+	}
+	assert.Equal(t, map[string]int{"sched.stale.1780308010": 1, "sched.stale.1780308020": 1}, count)
+}
+
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	sum := 0.0
+	for _, fam := range families {
+		if fam.GetName() != name {
+			continue
+		}
+		for _, m := range fam.GetMetric() {
+			sum += m.GetCounter().GetValue()
+		}
+	}
+	return sum
+}
+
+// waitForPlacement waits until the cluster can place an R3 stream, which
+// needs every node to have sent the stats the placement reads. Before that,
+// creating one fails with "no suitable peers for placement, peer offline"
+// (JetStream error 10005; seen on a loaded machine). The server offers no
+// event for it, so this probes: it creates and deletes a small stream.
+func waitForPlacement(t *testing.T, url string) {
+	t.Helper()
+	js, err := jetstream.New(natstest.ConnectURL(t, url))
+	require.NoError(t, err)
+	c := ctx(t, 30*time.Second)
+	for {
+		_, err := js.CreateStream(c, jetstream.StreamConfig{Name: "PLACEMENT_PROBE", Subjects: []string{"placement.probe"},
+			Replicas: 3, Storage: jetstream.MemoryStorage})
+		if err == nil {
+			require.NoError(t, js.DeleteStream(c, "PLACEMENT_PROBE"))
+			return
+		}
+		var apiErr *jetstream.APIError
+		if !errors.As(err, &apiErr) || apiErr.ErrorCode != jsErrCodeNoPeers {
+			require.NoError(t, err)
+		}
+		select {
+		case <-c.Done():
+			t.Fatalf("the cluster cannot place an R3 stream: %v", err)
+		case <-time.After(20 * time.Millisecond): // polling the servers' state: there is no event to wait on
+		}
+	}
+}
+
+// jsErrCodeNoPeers is JetStream's "no suitable peers for placement".
+const jsErrCodeNoPeers jetstream.ErrorCode = 10005
