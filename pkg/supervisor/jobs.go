@@ -1,0 +1,174 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/jetfleet/jetfleet/pkg/clock"
+	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
+	"github.com/jetfleet/jetfleet/pkg/telemetry"
+)
+
+// errNotLeader: the replica no longer leads (its lease lapsed or passed),
+// so it does not act on the job streams.
+var errNotLeader = errors.New("this supervisor replica no longer leads")
+
+func timestampNow(clk clock.Clock) *timestamppb.Timestamp { return timestamppb.New(clk.Now()) }
+
+// latestEvent reads a job's latest event, its status; nil when it has none.
+// Queue and kind may be empty when unknown.
+func (s *Supervisor) latestEvent(ctx context.Context, queue, kind, jobID string) (*jetfleetpb.JobEvent, error) {
+	ev, _, err := s.latestEventSeq(ctx, queue, kind, jobID)
+	return ev, err
+}
+
+func (s *Supervisor) latestEventSeq(ctx context.Context, queue, kind, jobID string) (*jetfleetpb.JobEvent, uint64, error) {
+	subject := protocol.JobEventsOfID(jobID)
+	if queue != "" && kind != "" {
+		subject = protocol.JobEventsOfJob(queue, kind, jobID)
+	}
+	m, err := s.events.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	var ev jetfleetpb.JobEvent
+	if err := protocol.Unmarshal(m.Data, &ev); err != nil {
+		return nil, 0, err
+	}
+	return &ev, m.Sequence, nil
+}
+
+// publishJobEvent stores a job event and waits for the server. msgID makes
+// the event idempotent when several replicas, or a retry, publish it.
+func (s *Supervisor) publishJobEvent(ctx context.Context, ev *jetfleetpb.JobEvent, msgID string) error {
+	data, err := protocol.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	msg := &nats.Msg{Subject: protocol.JobEventSubject(ev.GetQueue(), ev.GetKind(), ev.GetType(), ev.GetJobId()), Data: data}
+	if msgID != "" {
+		msg.Header = nats.Header{protocol.HeaderMsgID: {msgID}}
+	}
+	_, err = s.js.PublishMsg(ctx, msg)
+	return err
+}
+
+// deadLetterSeq moves the job message at seq in JOBS to the dead-letter
+// stream: GetMsg → publish the DeadLetter with Nats-Msg-Id
+// dlq:JOBS:<seq> → DeleteMsg → dead event. Every step is idempotent and a
+// message already gone is a no-op, so running it twice, or on two
+// replicas, yields one dead letter. It reports whether it wrote one.
+// Leadership is checked again right before the steps that act on JOBS and
+// DLQ (errNotLeader): a replica whose lease lapsed while it asked the
+// server leaves the job to the next leader.
+func (s *Supervisor) deadLetterSeq(ctx context.Context, seq uint64, reason string, deliveries uint64, detail string) (bool, error) {
+	s.dlMu.Lock()
+	defer s.dlMu.Unlock()
+	rctx, cancel := s.requestCtx(ctx)
+	defer cancel()
+	m, err := s.jobs.GetMsg(rctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("get JOBS %d: %w", seq, err)
+	}
+	job, _ := protocol.ParseJob(m.Subject, m.Header, m.Data)
+	if job.ID == "" {
+		job.ID = protocol.FallbackJobID(seq)
+	}
+	if job.Queue == "" {
+		job.Queue, job.Kind = subjectTokens(m.Subject)
+	}
+	prev, err := s.latestEvent(rctx, job.Queue, job.Kind, job.ID)
+	if err != nil {
+		return false, fmt.Errorf("latest event of %s: %w", job.ID, err)
+	}
+	if prev != nil && prev.GetStreamSequence() != seq {
+		prev = nil
+	}
+	dl := &jetfleetpb.DeadLetter{
+		JobId: job.ID, Queue: job.Queue, Kind: job.Kind, Reason: reason, Attempts: uint32(deliveries),
+		OriginalSubject: m.Subject, OriginalStream: protocol.StreamJobs, OriginalSequence: seq,
+		Headers: protocol.HeadersDoc(m.Header), Payload: m.Data, FailedAt: timestampNow(s.clk),
+		ErrorCode: protocol.CodeAgentLost,
+	}
+	if prev != nil {
+		dl.LastError, dl.TraceId, dl.OutputTail = prev.GetError(), prev.GetTraceId(), prev.GetOutputTail()
+		if prev.GetErrorCode() != "" {
+			dl.ErrorCode = prev.GetErrorCode()
+		}
+		if deliveries > uint64(prev.GetSnoozes()) {
+			dl.Attempts = uint32(deliveries) - prev.GetSnoozes()
+		}
+	}
+	if reason == protocol.ReasonTimedOut {
+		dl.ErrorCode = protocol.CodeTimeout
+	}
+	if detail != "" {
+		if dl.LastError != "" {
+			dl.LastError = detail + "; last error: " + dl.LastError
+		} else {
+			dl.LastError = detail
+		}
+	}
+	dl.LastError = protocol.ToValidUTF8(dl.LastError)
+	msg, err := protocol.DeadLetterMsg(dl)
+	if err != nil {
+		return false, err
+	}
+	if !s.IsLeader() {
+		return false, errNotLeader
+	}
+	if _, err := s.js.PublishMsg(rctx, msg); err != nil {
+		return false, fmt.Errorf("publish dead letter of JOBS %d: %w", seq, err)
+	}
+	if !s.IsLeader() {
+		return false, errNotLeader
+	}
+	if err := s.jobs.DeleteMsg(rctx, seq); err != nil {
+		// Gone already (another replica, a concurrent TERM) is fine.
+		if _, gerr := s.jobs.GetMsg(rctx, seq); !errors.Is(gerr, jetstream.ErrMsgNotFound) {
+			return false, fmt.Errorf("delete JOBS %d: %w", seq, err)
+		}
+	}
+	ev := &jetfleetpb.JobEvent{Type: protocol.EventDead, JobId: job.ID, Queue: job.Queue, Kind: job.Kind,
+		Time: timestampNow(s.clk), StreamSequence: seq, Delivered: deliveries, Reason: reason,
+		Error: dl.LastError, ErrorCode: dl.ErrorCode, ScheduleId: job.ScheduleID, Attempt: dl.Attempts}
+	if !job.NominalTime.IsZero() {
+		ev.NominalTime = timestamppb.New(job.NominalTime)
+	}
+	if prev != nil {
+		ev.Snoozes, ev.MaxAttempts, ev.TraceId, ev.StartedAt = prev.GetSnoozes(), prev.GetMaxAttempts(), prev.GetTraceId(), prev.GetStartedAt()
+	}
+	if err := s.publishJobEvent(rctx, ev, "dead:"+protocol.DeadLetterMsgID(protocol.StreamJobs, seq)); err != nil {
+		s.log.Warn("dead event not stored", telemetry.LogJobID, job.ID, telemetry.LogError, err)
+	}
+	s.log.Warn("dead-lettered a job", telemetry.LogJobID, job.ID, telemetry.LogQueue, job.Queue, telemetry.LogKind, job.Kind,
+		"reason", reason, "stream_sequence", seq, "deliveries", deliveries)
+	return true, nil
+}
+
+// subjectTokens returns a queue and kind usable in subjects for a job
+// message whose subject does not parse.
+func subjectTokens(subject string) (queue, kind string) {
+	parts := strings.Split(subject, ".")
+	queue, kind = "_invalid", "_invalid"
+	if len(parts) > 1 && protocol.ValidateToken("queue", parts[1]) == nil {
+		queue = parts[1]
+	}
+	if len(parts) == 3 && protocol.ValidateToken("kind", parts[2]) == nil {
+		kind = parts[2]
+	}
+	return queue, kind
+}

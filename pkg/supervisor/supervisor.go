@@ -1,0 +1,381 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/nats-io/nuid"
+
+	"github.com/jetfleet/jetfleet/pkg/clock"
+	"github.com/jetfleet/jetfleet/pkg/lease"
+	"github.com/jetfleet/jetfleet/pkg/lifecycle"
+	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/service"
+	"github.com/jetfleet/jetfleet/pkg/telemetry"
+	"github.com/jetfleet/jetfleet/pkg/topology"
+)
+
+// Supervisor is one replica of the supervisor service. Every replica tracks
+// the agents' heartbeats and serves the API; the replica holding the leader
+// lease acts: it rescues the jobs of dead agents, cancels and fails overdue
+// attempts, dead-letters jobs past max deliveries, escalates final failures,
+// runs the circuit breakers and writes the execution history. It is a
+// lifecycle.Component.
+type Supervisor struct {
+	cfg      Config
+	env      *service.Env
+	clk      clock.Clock
+	log      *slog.Logger
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	topo     topology.Config
+	leaseTTL time.Duration
+	holder   string
+
+	jobs, dlq, events, store jetstream.Stream
+	agentsKV, leases         jetstream.KeyValue
+
+	metrics *metrics
+	tracker *tracker
+	alerter *alerter
+	rates   *rates
+	history *history
+	el      *lease.Elector
+	svc     micro.Service
+	runner  lifecycle.Runner
+
+	// dlMu serializes dead-lettering by stream sequence, so an advisory and
+	// the reconciliation never both act on one message.
+	dlMu sync.Mutex
+
+	leaderMu     sync.Mutex
+	leaderCancel context.CancelFunc
+	leaderGen    uint64
+	leading      flag
+	started      atomic.Bool
+	agentsLoaded atomic.Bool
+}
+
+// Durable consumers of the leader (one name on each stream it reads).
+const (
+	consumerName = "supervisor"
+)
+
+// New builds a supervisor replica from env (a connection to a provisioned
+// JetStream). clk drives liveness, deadlines, breaker windows and alert
+// dedupe; the leader lease always runs on the real clock because it races
+// a TTL the server measures.
+func New(cfg Config, env *service.Env, clk clock.Clock) (*Supervisor, error) {
+	if env == nil || env.Conn == nil {
+		return nil, errors.New("supervisor: env needs a NATS connection")
+	}
+	ttl := leaseTTLOf(env)
+	if err := cfg.Validate("supervisor", ttl); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults(ttl)
+	if clk == nil {
+		clk = clock.Real()
+	}
+	logger := env.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Supervisor{cfg: cfg, env: env, clk: clk, nc: env.Conn, leaseTTL: ttl,
+		log: logger.With(telemetry.LogComponent, "supervisor"), holder: env.Name + "-" + nuid.Next()}
+	if env.Base != nil {
+		s.topo = env.Base.Topology
+	}
+	js, err := jetstream.New(env.Conn, jetstream.WithPublishAsyncMaxPending(4096), jetstream.WithPublishAsyncTimeout(cfg.RequestTimeout))
+	if err != nil {
+		return nil, err
+	}
+	s.js = js
+	if env.Telemetry != nil {
+		s.metrics, err = newMetrics(env.Telemetry.MeterProvider)
+	} else {
+		s.metrics, err = newMetrics(nil)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("supervisor: metrics: %w", err)
+	}
+	s.tracker = newTracker(s)
+	s.alerter = newAlerter(s)
+	s.rates = newRates(s)
+	s.history = newHistory(s)
+	return s, nil
+}
+
+// Name implements lifecycle.Named.
+func (s *Supervisor) Name() string { return "supervisor" }
+
+// Start opens the streams and buckets, provisions the supervisor's own
+// stream and consumers, starts tracking agents, competes for the leader
+// lease and serves the API.
+func (s *Supervisor) Start(ctx context.Context) error {
+	runCtx, err := s.runner.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	fail := func(err error) error {
+		_ = s.Stop(context.WithoutCancel(ctx))
+		return fmt.Errorf("supervisor: %w", err)
+	}
+	for _, st := range []struct {
+		s    *jetstream.Stream
+		name string
+	}{{&s.jobs, protocol.StreamJobs}, {&s.dlq, protocol.StreamDLQ}, {&s.events, protocol.StreamEvents}} {
+		if *st.s, err = s.js.Stream(ctx, st.name); err != nil {
+			return fail(fmt.Errorf("stream %s: %w", st.name, err))
+		}
+	}
+	if s.agentsKV, err = s.js.KeyValue(ctx, protocol.BucketAgents); err != nil {
+		return fail(fmt.Errorf("bucket %s: %w", protocol.BucketAgents, err))
+	}
+	if s.leases, err = s.js.KeyValue(ctx, protocol.BucketLeases); err != nil {
+		return fail(fmt.Errorf("bucket %s: %w", protocol.BucketLeases, err))
+	}
+	if err := s.provision(ctx); err != nil {
+		return fail(err)
+	}
+	if err := s.tracker.start(runCtx); err != nil {
+		return fail(fmt.Errorf("track agents: %w", err))
+	}
+	s.el = lease.New(lease.Config{KV: s.leases, Key: s.cfg.LeaseKey, Holder: s.holder, Role: "supervisor",
+		TTL: s.leaseTTL, Renew: s.cfg.RenewInterval, Acquire: s.cfg.AcquireInterval, Clock: clock.Real(), Log: s.log,
+		OnChange: func(leading bool) { s.onLeadership(runCtx, leading) }})
+	s.runner.Go(s.el.Run)
+	s.runner.Go(s.checkLoop)
+	svc, err := s.serveAPI()
+	if err != nil {
+		return fail(fmt.Errorf("API: %w", err))
+	}
+	s.svc = svc
+	fctx, cancel := s.requestCtx(ctx)
+	defer cancel()
+	if err := s.nc.FlushWithContext(fctx); err != nil {
+		return fail(fmt.Errorf("flush: %w", err))
+	}
+	s.started.Store(true)
+	s.log.Info("supervisor started", "holder", s.holder, "lease_ttl", s.leaseTTL.String(),
+		"dead_after_missed_heartbeats", s.cfg.MissedHeartbeats)
+	return nil
+}
+
+// provision creates the supervisor's stream and its durable consumers on
+// ADVISORIES, DLQ and EVENTS. The consumers exist from the first start of
+// any replica, so nothing published while no replica leads is missed.
+func (s *Supervisor) provision(ctx context.Context) error {
+	topo := s.topo.WithDefaults()
+	storage := jetstream.FileStorage
+	if topo.Storage == "memory" {
+		storage = jetstream.MemoryStorage
+	}
+	want := jetstream.StreamConfig{
+		Name:              protocol.StreamSupervisor,
+		Description:       "jetfleet supervisor: execution history, replay markers, alert incidents",
+		Subjects:          []string{protocol.SupervisorSubjects},
+		Retention:         jetstream.LimitsPolicy,
+		Discard:           jetstream.DiscardOld,
+		MaxMsgs:           -1,
+		MaxBytes:          -1,
+		MaxAge:            s.cfg.HistoryMaxAge,
+		MaxMsgsPerSubject: int64(s.cfg.HistorySize),
+		Storage:           storage,
+		Replicas:          topo.Replicas,
+		Duplicates:        2 * time.Minute,
+		AllowDirect:       true,
+	}
+	if err := topology.EnsureStream(ctx, s.js, want, topo.AllowDestructiveUpdates); err != nil {
+		return err
+	}
+	var err error
+	if s.store, err = s.js.Stream(ctx, protocol.StreamSupervisor); err != nil {
+		return err
+	}
+	consumers := []struct {
+		stream string
+		cfg    jetstream.ConsumerConfig
+	}{
+		{protocol.StreamAdvisories, jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy,
+			AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1000}},
+		{protocol.StreamDLQ, jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy,
+			AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1000}},
+		{protocol.StreamEvents, eventsConsumerConfig()},
+	}
+	for _, c := range consumers {
+		cfg := leaderConsumer(c.cfg)
+		// An existing consumer with another configuration is kept; the
+		// leader brings the EVENTS consumer up to date (adoptEvents).
+		if _, err := s.js.CreateConsumer(ctx, c.stream, cfg); err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
+			return fmt.Errorf("consumer %s on %s: %w", consumerName, c.stream, err)
+		}
+	}
+	return nil
+}
+
+// leaderConsumer completes the configuration of one of the leader's
+// durable consumers.
+func leaderConsumer(cfg jetstream.ConsumerConfig) jetstream.ConsumerConfig {
+	cfg.Durable, cfg.Name = consumerName, consumerName
+	cfg.Description = "jetfleet supervisor leader"
+	cfg.AckWait = 30 * time.Second
+	cfg.MaxDeliver = -1
+	return cfg
+}
+
+// Stop stops serving, stops acting, then releases the lease so another
+// replica takes over at once. It is bounded by ctx and safe to call twice.
+func (s *Supervisor) Stop(ctx context.Context) error {
+	if s.svc != nil {
+		_ = s.svc.Stop()
+	}
+	if s.el != nil {
+		s.el.Resign()
+	}
+	err := s.runner.Stop(ctx)
+	if s.el != nil && s.nc.IsConnected() {
+		s.el.Release(ctx)
+	}
+	s.alerter.stop(ctx)
+	return err
+}
+
+// Done is closed once the supervisor's goroutines have returned after Stop.
+func (s *Supervisor) Done() <-chan struct{} { return s.runner.Done() }
+
+// Ready reports an error until the replica has loaded the agent registry.
+func (s *Supervisor) Ready(context.Context) error {
+	if !s.started.Load() {
+		return errors.New("not started")
+	}
+	if !s.agentsLoaded.Load() {
+		return errors.New("loading agents")
+	}
+	return nil
+}
+
+// IsLeader reports whether this replica holds the leader lease and acts.
+func (s *Supervisor) IsLeader() bool { return s.el != nil && s.el.IsLeader() && s.leading.get() }
+
+// Holder is the replica's name in the leader lease.
+func (s *Supervisor) Holder() string { return s.holder }
+
+// onLeadership starts the leader's loops when leadership is gained and
+// stops them when it is lost. Called from the elector's goroutine.
+func (s *Supervisor) onLeadership(runCtx context.Context, leading bool) {
+	s.leaderMu.Lock()
+	defer s.leaderMu.Unlock()
+	if s.leaderCancel != nil {
+		s.leaderCancel()
+		s.leaderCancel = nil
+	}
+	s.leading.set(false)
+	s.metrics.leading.Store(0)
+	if !leading || runCtx.Err() != nil {
+		return
+	}
+	s.leaderGen++
+	ctx, cancel := context.WithCancel(runCtx)
+	s.leaderCancel = cancel
+	s.history.reset()
+	s.alerter.reset()
+	s.rates.reset()
+	s.leading.set(true)
+	s.metrics.leading.Store(1)
+	s.runner.Go(func(context.Context) { s.consumeAdvisories(ctx) })
+	s.runner.Go(func(context.Context) { s.consumeDeadLetters(ctx) })
+	s.runner.Go(func(context.Context) { s.consumeEvents(ctx) })
+	s.runner.Go(func(context.Context) { s.reconcileLoop(ctx) })
+	s.runner.Go(func(context.Context) { s.rates.adopt(ctx) })
+}
+
+// flag is a boolean one can wait on.
+type flag struct {
+	mu sync.Mutex
+	on bool
+	ch chan struct{}
+}
+
+func (f *flag) set(on bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.on != on {
+		f.on = on
+		if f.ch != nil {
+			close(f.ch)
+			f.ch = nil
+		}
+	}
+}
+
+func (f *flag) get() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.on
+}
+
+// wait returns once the flag is on (or off, when on is false).
+func (f *flag) wait(ctx context.Context, on bool) error {
+	for {
+		f.mu.Lock()
+		if f.on == on {
+			f.mu.Unlock()
+			return nil
+		}
+		if f.ch == nil {
+			f.ch = make(chan struct{})
+		}
+		ch := f.ch
+		f.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// checkLoop runs check every check_interval until the supervisor stops.
+func (s *Supervisor) checkLoop(ctx context.Context) {
+	timer := s.clk.NewTimer(s.cfg.CheckInterval)
+	defer timer.Stop()
+	var lastDepth time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C():
+		}
+		now := s.clk.Now()
+		s.check(ctx, now)
+		if now.Sub(lastDepth) >= s.cfg.Thresholds.DLQDepthInterval {
+			lastDepth = now
+			s.checkDLQDepth(ctx)
+		}
+		timer.Reset(s.cfg.CheckInterval)
+	}
+}
+
+// check is one pass of the loops that run on every replica: liveness,
+// deadlines and acks of the agents' jobs, and (leader) breaker cool-downs.
+func (s *Supervisor) check(ctx context.Context, now time.Time) {
+	leader := s.IsLeader()
+	s.tracker.check(ctx, now, leader)
+	if leader {
+		s.rates.tick(ctx, now)
+	}
+}
+
+// requestCtx bounds one request to the server.
+func (s *Supervisor) requestCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.cfg.RequestTimeout)
+}
