@@ -1,0 +1,530 @@
+// Package agentc_test builds the C agent of this directory with make and
+// runs it against a real JetStream server, checking what it does through
+// JetStream state and the events it publishes — the protocol of
+// docs/protocol.md, spoken by a program that shares no code with ours.
+package agentc_test
+
+import (
+	"bytes"
+	"errors"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/jetfleet/jetfleet/pkg/fleettest"
+	"github.com/jetfleet/jetfleet/pkg/natstest"
+	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
+	"github.com/jetfleet/jetfleet/pkg/topology"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// The embedded server keeps background goroutines until its last
+		// references go; they are not ours.
+		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
+		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).syncBlocks"),
+	)
+}
+
+// waitTimeout bounds every wait on the agent: generous, for a loaded 2-core machine.
+const waitTimeout = 30 * time.Second
+
+var build struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// agentBinary builds the agent with make, once, and fails the test with the
+// compiler's output when that is impossible (no gcc, no libnats-dev).
+func agentBinary(t *testing.T) string {
+	t.Helper()
+	build.once.Do(func() {
+		dir, err := filepath.Abs(".")
+		if err != nil {
+			build.err = err
+			return
+		}
+		cmd := exec.Command("make", "-C", dir)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			build.err = errors.New("make failed: " + err.Error() + "\n" + string(out) +
+				"\nThe C agent needs make, gcc and Debian's libnats-dev (and pkgconf): apt-get install make gcc libc6-dev libnats-dev pkgconf")
+			return
+		}
+		build.path = filepath.Join(dir, "agent-c")
+	})
+	if build.err != nil {
+		t.Fatalf("building the C agent: %v", build.err)
+	}
+	return build.path
+}
+
+// fleet is a JetStream server provisioned like a jetfleet fleet, watched by the test.
+type fleet struct {
+	srv    *server.Server
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	events *fleettest.Events
+}
+
+func newFleet(t *testing.T, queue topology.QueueConfig) *fleet {
+	t.Helper()
+	srv := natstest.Server(t)
+	nc, js := natstest.JetStream(t, srv)
+	topo := topology.Config{Queues: map[string]topology.QueueConfig{"default": queue}}
+	ctx := fleettest.Ctx(t, waitTimeout)
+	require.NoError(t, topology.Ensure(ctx, js, topo))
+	_, err := topology.EnsureQueue(ctx, js, topo, "default")
+	require.NoError(t, err)
+	return &fleet{srv: srv, nc: nc, js: js, events: fleettest.WatchJobEvents(t, nc)}
+}
+
+// agentProc is the C agent running as a subprocess.
+type agentProc struct {
+	id   string
+	cmd  *exec.Cmd
+	out  *lockedBuffer
+	done chan struct{}
+	err  error // from Wait, once done is closed
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// startAgent runs the C agent with id against the fleet; it is stopped
+// (SIGTERM, then SIGKILL) at the end of the test, and its log is printed
+// when the test failed or runs with -v.
+func (f *fleet) startAgent(t *testing.T, id string, args ...string) *agentProc {
+	t.Helper()
+	bin := agentBinary(t)
+	p := &agentProc{id: id, out: &lockedBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(bin, append([]string{"--server", f.srv.ClientURL(), "--id", id, "--concurrency", "4"}, args...)...)
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	require.NoError(t, p.cmd.Start())
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-p.done:
+			case <-time.After(waitTimeout):
+				_ = p.cmd.Process.Kill()
+				<-p.done
+			}
+		}
+		if t.Failed() || testing.Verbose() {
+			t.Logf("agent %s output:\n%s", id, p.out.String())
+		}
+	})
+	return p
+}
+
+// heartbeats collects the heartbeats of one agent.
+type heartbeats struct {
+	mu   sync.Mutex
+	all  []*jetfleetpb.Heartbeat
+	cond chan struct{}
+}
+
+func watchHeartbeats(t *testing.T, nc *nats.Conn, agentID string) *heartbeats {
+	t.Helper()
+	h := &heartbeats{cond: make(chan struct{})}
+	sub, err := nc.Subscribe(protocol.HeartbeatSubject(agentID), func(m *nats.Msg) {
+		var hb jetfleetpb.Heartbeat
+		if err := protocol.Unmarshal(m.Data, &hb); err != nil {
+			t.Errorf("undecodable heartbeat %s: %v", m.Data, err)
+			return
+		}
+		h.mu.Lock()
+		h.all = append(h.all, &hb)
+		close(h.cond)
+		h.cond = make(chan struct{})
+		h.mu.Unlock()
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	require.NoError(t, nc.Flush())
+	return h
+}
+
+// wait returns the first heartbeat that matches, waiting up to waitTimeout.
+func (h *heartbeats) wait(t *testing.T, what string, match func(*jetfleetpb.Heartbeat) bool) *jetfleetpb.Heartbeat {
+	t.Helper()
+	deadline := time.After(waitTimeout)
+	for {
+		h.mu.Lock()
+		for _, hb := range h.all {
+			if match(hb) {
+				h.mu.Unlock()
+				return hb
+			}
+		}
+		cond, n := h.cond, len(h.all)
+		h.mu.Unlock()
+		select {
+		case <-cond:
+		case <-deadline:
+			t.Fatalf("no heartbeat %s within %s (%d heartbeats seen)", what, waitTimeout, n)
+		}
+	}
+}
+
+// inFlight returns the job with jobID listed in hb, or nil.
+func inFlight(hb *jetfleetpb.Heartbeat, jobID string) *jetfleetpb.InFlightJob {
+	for _, j := range hb.GetJobs() {
+		if j.GetJobId() == jobID {
+			return j
+		}
+	}
+	return nil
+}
+
+// deadLetter waits for the one dead letter of the DLQ stream and returns it with its message headers.
+func (f *fleet) deadLetter(t *testing.T) (*jetfleetpb.DeadLetter, nats.Header) {
+	t.Helper()
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamDLQ, 1, waitTimeout)
+	letters := fleettest.DeadLetters(t, f.js)
+	require.Len(t, letters, 1)
+	ctx := fleettest.Ctx(t, waitTimeout)
+	s, err := f.js.Stream(ctx, protocol.StreamDLQ)
+	require.NoError(t, err)
+	m, err := s.GetLastMsgForSubject(ctx, protocol.DLQSubjects)
+	require.NoError(t, err)
+	return letters[0], m.Header
+}
+
+func types(evs []string) string { return strings.Join(evs, ",") }
+
+func TestEchoJobSucceeds(t *testing.T) {
+	f := newFleet(t, topology.QueueConfig{})
+	f.startAgent(t, "c-echo")
+
+	// A plain job id, and one whose event subjects need the b64_ job token (§3.3).
+	for _, id := range []string{"echo-1", "order:42/eu"} {
+		seq := fleettest.Publish(t, f.js, protocol.Job{ID: id, Queue: "default", Kind: "echo", Payload: []byte(`{"hello":"world"}`)})
+		ev := f.events.WaitFor(t, waitTimeout, id, protocol.EventSucceeded)
+		assert.Equal(t, "default", ev.GetQueue())
+		assert.Equal(t, "echo", ev.GetKind())
+		assert.Equal(t, "c-echo", ev.GetAgentId())
+		assert.Equal(t, uint32(1), ev.GetAttempt())
+		assert.Equal(t, uint32(5), ev.GetMaxAttempts(), "the default max attempts")
+		assert.Equal(t, uint64(1), ev.GetDelivered())
+		assert.Equal(t, seq, ev.GetStreamSequence())
+		assert.NotNil(t, ev.GetDuration())
+		assert.False(t, ev.GetTime().AsTime().IsZero())
+		assert.False(t, ev.GetStartedAt().AsTime().IsZero())
+
+		st := fleettest.LatestEvent(t, f.js, id) // found by the job token Go computes
+		assert.Equal(t, protocol.EventSucceeded, st.GetType(), "the latest event is the job's status")
+		fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, waitTimeout)
+		assert.Equal(t, protocol.EventSucceeded, types(f.events.Of(id)), "a quick job has one event")
+	}
+	assert.Equal(t, uint64(0), fleettest.StreamMsgs(t, f.js, protocol.StreamDLQ))
+}
+
+func TestFailingJobIsRetriedThenDeadLetteredOnce(t *testing.T) {
+	f := newFleet(t, topology.QueueConfig{})
+	f.startAgent(t, "c-fail")
+
+	const id = "sched:nightly:1"
+	seq := fleettest.Publish(t, f.js, protocol.Job{ID: id, Queue: "default", Kind: "fail", Payload: []byte("boom"),
+		MaxAttempts: 3, Backoff: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}})
+
+	f.events.WaitFor(t, waitTimeout, id, protocol.EventDead)
+	assert.Equal(t, "retrying,retrying,failed,dead", types(f.events.Of(id)))
+	var retrying, failed, dead []*jetfleetpb.JobEvent
+	for _, ev := range f.events.All() {
+		switch ev.GetType() {
+		case protocol.EventRetrying:
+			retrying = append(retrying, ev)
+		case protocol.EventFailed:
+			failed = append(failed, ev)
+		case protocol.EventDead:
+			dead = append(dead, ev)
+		}
+	}
+	require.Len(t, retrying, 2)
+	for i, ev := range retrying {
+		assert.Equal(t, uint32(i+1), ev.GetAttempt(), "attempt of retry %d", i)
+		assert.Equal(t, uint64(i+1), ev.GetDelivered())
+		assert.Equal(t, uint32(3), ev.GetMaxAttempts())
+		assert.Equal(t, protocol.CodeHandlerError, ev.GetErrorCode())
+		assert.Contains(t, ev.GetError(), "failed on purpose")
+		assert.Equal(t, seq, ev.GetStreamSequence())
+	}
+	assert.Equal(t, 100*time.Millisecond, retrying[0].GetRetryIn().AsDuration(), "Jetfleet-Backoff, first delay")
+	assert.Equal(t, 200*time.Millisecond, retrying[1].GetRetryIn().AsDuration(), "Jetfleet-Backoff, second delay")
+	require.Len(t, failed, 1)
+	assert.Equal(t, uint32(3), failed[0].GetAttempt())
+	require.Len(t, dead, 1)
+	assert.Equal(t, protocol.ReasonMaxAttempts, dead[0].GetReason())
+
+	dl, h := f.deadLetter(t)
+	assert.Equal(t, id, dl.GetJobId())
+	assert.Equal(t, "default", dl.GetQueue())
+	assert.Equal(t, "fail", dl.GetKind())
+	assert.Equal(t, protocol.ReasonMaxAttempts, dl.GetReason())
+	assert.Equal(t, uint32(3), dl.GetAttempts())
+	assert.Equal(t, protocol.CodeHandlerError, dl.GetErrorCode())
+	assert.Contains(t, dl.GetLastError(), "failed on purpose")
+	assert.Equal(t, "jobs.default.fail", dl.GetOriginalSubject())
+	assert.Equal(t, protocol.StreamJobs, dl.GetOriginalStream())
+	assert.Equal(t, seq, dl.GetOriginalSequence())
+	assert.Equal(t, []byte("boom"), dl.GetPayload())
+	assert.Equal(t, "c-fail", dl.GetAgentId())
+	assert.False(t, dl.GetFailedAt().AsTime().IsZero())
+	assert.Equal(t, []string{"3"}, dl.GetHeaders()[protocol.HeaderMaxAttempts].GetValues())
+	assert.Equal(t, []string{id}, dl.GetHeaders()[protocol.HeaderJobID].GetValues())
+	assert.Equal(t, protocol.DeadLetterMsgID(protocol.StreamJobs, seq), h.Get(protocol.HeaderMsgID))
+	assert.Equal(t, protocol.ReasonMaxAttempts, h.Get(protocol.HeaderDeadReason))
+	assert.Equal(t, id, h.Get(protocol.HeaderJobID))
+
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, waitTimeout)
+	assert.Equal(t, uint64(1), fleettest.StreamMsgs(t, f.js, protocol.StreamDLQ), "dead-lettered once")
+}
+
+func TestHeartbeatListsInFlightJobAndProgressKeepsItAlive(t *testing.T) {
+	// AckWait shorter than the job: only +WPI keeps it from being redelivered.
+	f := newFleet(t, topology.QueueConfig{AckWait: 2 * time.Second})
+	hbs := watchHeartbeats(t, f.nc, "c-hb")
+	a := f.startAgent(t, "c-hb", "--heartbeat", "200ms")
+
+	seq := fleettest.Publish(t, f.js, protocol.Job{ID: "sleep-1", Queue: "default", Kind: "sleep", Payload: []byte("4000")})
+	hb := hbs.wait(t, "listing sleep-1", func(hb *jetfleetpb.Heartbeat) bool {
+		j := inFlight(hb, "sleep-1")
+		return j != nil && j.GetAttempt() > 0
+	})
+	assert.Equal(t, "c-hb", hb.GetAgentId())
+	assert.True(t, strings.HasPrefix(hb.GetVersion(), "jetfleet-c/"), hb.GetVersion())
+	assert.Equal(t, int64(a.cmd.Process.Pid), hb.GetPid())
+	assert.NotEmpty(t, hb.GetHostname())
+	assert.Equal(t, 200*time.Millisecond, hb.GetInterval().AsDuration())
+	assert.Equal(t, []string{"default"}, hb.GetQueues())
+	assert.Subset(t, hb.GetKinds(), []string{"echo", "fail", "sleep"})
+	assert.Equal(t, int32(4), hb.GetCapacity())
+	assert.False(t, hb.GetDraining())
+	assert.NotZero(t, hb.GetSequence())
+	assert.False(t, hb.GetStartedAt().AsTime().IsZero())
+	assert.WithinDuration(t, time.Now(), hb.GetSentAt().AsTime(), 10*time.Second)
+
+	j := inFlight(hb, "sleep-1")
+	assert.Equal(t, "default", j.GetQueue())
+	assert.Equal(t, "sleep", j.GetKind())
+	assert.Equal(t, seq, j.GetStreamSequence())
+	assert.Equal(t, uint64(1), j.GetDelivered())
+	assert.Equal(t, uint32(1), j.GetAttempt())
+	assert.Equal(t, 30*time.Minute, j.GetDeadline().AsTime().Sub(j.GetStartedAt().AsTime()), "the default timeout")
+	ack, err := protocol.ParseAckSubject(j.GetReplySubject())
+	require.NoError(t, err, "reply subject %q", j.GetReplySubject())
+	assert.Equal(t, protocol.StreamJobs, ack.Stream)
+	assert.Equal(t, protocol.QueueConsumer("default"), ack.Consumer)
+	assert.Equal(t, seq, ack.StreamSequence)
+	assert.Equal(t, uint64(1), ack.Delivered)
+
+	later := hbs.wait(t, "after it", func(h *jetfleetpb.Heartbeat) bool { return h.GetSequence() > hb.GetSequence() })
+	assert.Greater(t, later.GetSequence(), hb.GetSequence())
+
+	// The same document is the agent's registration in bucket agents.
+	kv, err := f.js.KeyValue(fleettest.Ctx(t, waitTimeout), protocol.BucketAgents)
+	require.NoError(t, err)
+	entry, err := kv.Get(fleettest.Ctx(t, waitTimeout), "c-hb")
+	require.NoError(t, err)
+	var reg jetfleetpb.Heartbeat
+	require.NoError(t, protocol.Unmarshal(entry.Value(), &reg))
+	assert.Equal(t, "c-hb", reg.GetAgentId())
+	assert.Equal(t, []string{"default"}, reg.GetQueues())
+
+	ev := f.events.WaitFor(t, waitTimeout, "sleep-1", protocol.EventSucceeded)
+	assert.Equal(t, uint64(1), ev.GetDelivered(), "+WPI kept the job from being redelivered after AckWait")
+	assert.GreaterOrEqual(t, ev.GetDuration().AsDuration(), 4*time.Second)
+	assert.Equal(t, "started,succeeded", types(f.events.Of("sleep-1")), "a job running past 1s has a started event")
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, waitTimeout)
+}
+
+func TestUnknownKindIsPassedOnToALiveAgentElseDeadLettered(t *testing.T) {
+	f := newFleet(t, topology.QueueConfig{})
+	ctx := fleettest.Ctx(t, waitTimeout)
+	kv, err := f.js.KeyValue(ctx, protocol.BucketAgents)
+	require.NoError(t, err)
+	// Another agent of the queue, alive, that runs kind resize.
+	other, err := protocol.Marshal(&jetfleetpb.Heartbeat{AgentId: "go-resizer", Queues: []string{"default"},
+		Kinds: []string{"resize"}, Interval: durationpb.New(time.Minute), SentAt: timestamppb.Now()})
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "go-resizer", other)
+	require.NoError(t, err)
+	f.startAgent(t, "c-unknown")
+
+	seq := fleettest.Publish(t, f.js, protocol.Job{ID: "resize-1", Queue: "default", Kind: "resize"})
+	rel := f.events.WaitFor(t, waitTimeout, "resize-1", protocol.EventReleased)
+	assert.Contains(t, rel.GetReason(), "go-resizer")
+	assert.Equal(t, uint32(1), rel.GetSnoozes(), "a hand-back spends no attempt")
+	assert.Equal(t, seq, rel.GetStreamSequence())
+
+	// Once no live agent runs the kind, the job is dead-lettered; the
+	// hand-backs did not count as attempts.
+	require.NoError(t, kv.Delete(ctx, "go-resizer"))
+	f.events.WaitFor(t, waitTimeout, "resize-1", protocol.EventDead)
+	dl, h := f.deadLetter(t)
+	assert.Equal(t, protocol.ReasonUnknownKind, dl.GetReason())
+	assert.Equal(t, protocol.CodeUnknownKind, dl.GetErrorCode())
+	assert.Equal(t, uint32(1), dl.GetAttempts())
+	assert.Equal(t, "resize", dl.GetKind())
+	assert.Equal(t, protocol.ReasonUnknownKind, h.Get(protocol.HeaderDeadReason))
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, waitTimeout)
+
+	// With no other agent at all, straight to the dead-letter stream.
+	f.startAgent(t, "c-unknown-2")
+	fleettest.Publish(t, f.js, protocol.Job{ID: "mystery-1", Queue: "default", Kind: "no-such-kind"})
+	ev := f.events.WaitFor(t, waitTimeout, "mystery-1", protocol.EventDead)
+	assert.Equal(t, protocol.ReasonUnknownKind, ev.GetReason())
+	assert.Equal(t, "failed,dead", types(f.events.Of("mystery-1")))
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamDLQ, 2, waitTimeout)
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, waitTimeout)
+}
+
+func TestUnreadableHeaderIsDeadLettered(t *testing.T) {
+	f := newFleet(t, topology.QueueConfig{})
+	f.startAgent(t, "c-headers")
+	fleettest.Publish(t, f.js, protocol.Job{ID: "bad-1", Queue: "default", Kind: "echo",
+		Header: nats.Header{protocol.HeaderTimeout: []string{"soon"}}})
+	ev := f.events.WaitFor(t, waitTimeout, "bad-1", protocol.EventDead)
+	assert.Equal(t, protocol.ReasonInvalidHeaders, ev.GetReason())
+	dl, _ := f.deadLetter(t)
+	assert.Equal(t, protocol.ReasonInvalidHeaders, dl.GetReason())
+	assert.Contains(t, dl.GetLastError(), protocol.HeaderTimeout)
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, waitTimeout)
+}
+
+func TestRedeliveryOfSucceededJobIsAckedWithoutRunning(t *testing.T) {
+	f := newFleet(t, topology.QueueConfig{})
+	ctx := fleettest.Ctx(t, waitTimeout)
+	// A fail job would fail if it ran. An earlier agent ran it, published
+	// succeeded, and lost its ack: deliver it once, record that, NAK it.
+	const id = "dup/1"
+	seq := fleettest.Publish(t, f.js, protocol.Job{ID: id, Queue: "default", Kind: "fail"})
+	cons, err := f.js.Consumer(ctx, protocol.StreamJobs, protocol.QueueConsumer("default"))
+	require.NoError(t, err)
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
+	require.NoError(t, err)
+	msg := <-batch.Messages()
+	require.NotNil(t, msg, "the job was not delivered: %v", batch.Error())
+	data, err := protocol.Marshal(&jetfleetpb.JobEvent{Type: protocol.EventSucceeded, JobId: id, Queue: "default",
+		Kind: "fail", Attempt: 1, MaxAttempts: 5, AgentId: "lost-agent", Time: timestamppb.Now(), StreamSequence: seq, Delivered: 1})
+	require.NoError(t, err)
+	_, err = f.js.Publish(ctx, protocol.JobEventSubject("default", "fail", protocol.EventSucceeded, id), data)
+	require.NoError(t, err)
+	require.NoError(t, msg.Nak())
+
+	f.startAgent(t, "c-dup")
+	ev := f.events.WaitFor(t, waitTimeout, id, protocol.EventSkippedDuplicate)
+	assert.Equal(t, uint64(2), ev.GetDelivered())
+	assert.Equal(t, seq, ev.GetStreamSequence())
+	assert.Equal(t, "c-dup", ev.GetAgentId())
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, waitTimeout)
+	assert.Equal(t, "succeeded,skipped_duplicate", types(f.events.Of(id)), "the job did not run again")
+	assert.Equal(t, uint64(0), fleettest.StreamMsgs(t, f.js, protocol.StreamDLQ))
+}
+
+func TestCancelCommandDeadLettersTheRunningJob(t *testing.T) {
+	f := newFleet(t, topology.QueueConfig{})
+	hbs := watchHeartbeats(t, f.nc, "c-cancel")
+	f.startAgent(t, "c-cancel")
+	fleettest.Publish(t, f.js, protocol.Job{ID: "long-1", Queue: "default", Kind: "sleep", Payload: []byte("600000")})
+	hbs.wait(t, "listing long-1", func(hb *jetfleetpb.Heartbeat) bool { return inFlight(hb, "long-1") != nil })
+
+	command := func(cmd *jetfleetpb.AgentCommand) *jetfleetpb.Error {
+		t.Helper()
+		data, err := protocol.Marshal(cmd)
+		require.NoError(t, err)
+		reply, err := f.nc.Request(protocol.ControlSubject("c-cancel"), data, waitTimeout)
+		require.NoError(t, err)
+		var e jetfleetpb.Error
+		require.NoError(t, protocol.Unmarshal(reply.Data, &e))
+		return &e
+	}
+	assert.Equal(t, "not_found", command(&jetfleetpb.AgentCommand{Action: protocol.CommandCancel, JobId: "nope"}).GetCode())
+	assert.Equal(t, "invalid_argument", command(&jetfleetpb.AgentCommand{Action: "explode", JobId: "long-1"}).GetCode())
+	assert.Empty(t, command(&jetfleetpb.AgentCommand{Action: protocol.CommandCancel, JobId: "long-1", Reason: "not needed"}).GetCode())
+
+	f.events.WaitFor(t, waitTimeout, "long-1", protocol.EventDead)
+	evs := f.events.Of("long-1")
+	assert.Equal(t, "cancelled,dead", types(evs[len(evs)-2:]))
+	dl, _ := f.deadLetter(t)
+	assert.Equal(t, protocol.ReasonCancelled, dl.GetReason())
+	assert.Contains(t, dl.GetLastError(), "not needed")
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, waitTimeout)
+}
+
+func TestSIGTERMHandsRunningJobBackAndExitsZero(t *testing.T) {
+	f := newFleet(t, topology.QueueConfig{})
+	hbs := watchHeartbeats(t, f.nc, "c-stop-1")
+	a := f.startAgent(t, "c-stop-1", "--grace", "300ms")
+	const id = "job:1" // its events use a b64_ job token
+	seq := fleettest.Publish(t, f.js, protocol.Job{ID: id, Queue: "default", Kind: "sleep", Payload: []byte("600000")})
+	hbs.wait(t, "listing the job", func(hb *jetfleetpb.Heartbeat) bool { return inFlight(hb, id) != nil })
+
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-a.done:
+	case <-time.After(waitTimeout):
+		t.Fatalf("the agent did not stop within %s of SIGTERM", waitTimeout)
+	}
+	require.NoError(t, a.err, "exit status after SIGTERM")
+	assert.Equal(t, 0, a.cmd.ProcessState.ExitCode())
+
+	rel := f.events.WaitFor(t, waitTimeout, id, protocol.EventReleased)
+	assert.Equal(t, uint32(1), rel.GetSnoozes())
+	assert.Equal(t, uint32(1), rel.GetAttempt())
+	assert.Equal(t, seq, rel.GetStreamSequence())
+	hbs.wait(t, "saying it is draining", func(hb *jetfleetpb.Heartbeat) bool { return hb.GetDraining() })
+	assert.Equal(t, uint64(1), fleettest.StreamMsgs(t, f.js, protocol.StreamJobs), "the job waits for another agent")
+	assert.Equal(t, uint64(0), fleettest.StreamMsgs(t, f.js, protocol.StreamDLQ))
+
+	// The next agent counts the hand-back as no attempt: delivered 2,
+	// attempt 1, read from the job's latest event (§3.3).
+	hbs2 := watchHeartbeats(t, f.nc, "c-stop-2")
+	f.startAgent(t, "c-stop-2", "--grace", "300ms")
+	hb := hbs2.wait(t, "listing the redelivered job", func(hb *jetfleetpb.Heartbeat) bool {
+		j := inFlight(hb, id)
+		return j != nil && j.GetAttempt() > 0
+	})
+	j := inFlight(hb, id)
+	assert.Equal(t, uint64(2), j.GetDelivered())
+	assert.Equal(t, uint32(1), j.GetAttempt())
+	assert.True(t, slices.ContainsFunc(hb.GetJobs(), func(j *jetfleetpb.InFlightJob) bool { return j.GetStreamSequence() == seq }))
+}

@@ -1,0 +1,3 @@
+module github.com/jetfleet/jetfleet/examples
+
+go 1.26.8
