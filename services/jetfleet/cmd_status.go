@@ -1,0 +1,69 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+)
+
+func init() {
+	register(command{name: "status", summary: "the fleet at a glance: agents, queues, dead letters, jobs needing attention", run: runStatus})
+}
+
+func runStatus(ctx context.Context, args []string, out io.Writer) error {
+	fs := newFlagSet("status", "", "Print the fleet at a glance, from the supervisor: agents, queues (pending, in flight,\npaused, circuit breaker), the dead-letter depth and jobs that need attention.")
+	cf := addClientFlags(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		fs.Usage()
+		return errUsage
+	}
+	c, api, err := connectSupervisor(cf)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	rctx, cancel := c.ctx(ctx)
+	defer cancel()
+	st, err := api.Status(rctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(out, st)
+	}
+	fmt.Fprintf(out, "supervisor leader: %s\n", dash(st.Leader))
+	fmt.Fprintf(out, "agents: %d alive, %d draining, %d dead; running %d of %d slots\n", st.AgentsAlive, st.AgentsDrain,
+		st.AgentsDead, st.Running, st.Capacity)
+	fmt.Fprintf(out, "dead letters: %d\n", st.DLQDepth)
+	if len(st.Queues) > 0 {
+		fmt.Fprintln(out)
+		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "QUEUE\tPENDING\tIN FLIGHT\tREDELIVERED\tWAITING PULLS\tACK WAIT\tMAX DELIVER\tBREAKER\tPAUSED")
+		for _, q := range st.Queues {
+			paused := "-"
+			if q.Paused {
+				paused = "yes"
+				if !q.PausedUntil.IsZero() {
+					paused = "until " + q.PausedUntil.UTC().Format(time.RFC3339)
+				}
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%d\t%s\t%s\n", q.Queue, q.Pending, q.AckPending, q.Redelivered, q.Waiting,
+				q.AckWait, q.MaxDeliver, q.Breaker, paused)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if len(st.Attention) > 0 {
+		fmt.Fprintln(out)
+		fmt.Fprintln(out, "jobs needing attention:")
+		return printRunning(out, st.Attention, time.Now())
+	}
+	return nil
+}
