@@ -1,0 +1,3 @@
+module github.com/jetfleet/jetfleet/e2e
+
+go 1.26.8
