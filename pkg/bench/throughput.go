@@ -1,0 +1,306 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/jetfleet/jetfleet/pkg/agent"
+	"github.com/jetfleet/jetfleet/pkg/bench/workload"
+	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/topology"
+)
+
+// Figures of the throughput scenario.
+var (
+	figEnqueueRaw   = figureSpec{name: "enqueue_rate_raw", label: "enqueue, raw JetStream publish", unit: UnitRate}
+	figEnqueue      = figureSpec{name: "enqueue_rate", label: "enqueue, jetfleet job (job id, dedupe)", unit: UnitRate}
+	figEnqueueRatio = figureSpec{name: "enqueue_ratio", label: "enqueue, jetfleet / raw", unit: UnitRatio}
+	figDrainRaw     = figureSpec{name: "drain_rate_raw", label: "drain, raw pull consumer", unit: UnitRate}
+	figDrainRawEv   = figureSpec{name: "drain_rate_raw_event", label: "drain, raw + 1 stored event per job", unit: UnitRate}
+	figDrain        = figureSpec{name: "drain_rate", label: "drain, jetfleet agents", unit: UnitRate}
+	figDrainRatio   = figureSpec{name: "drain_ratio", label: "drain, jetfleet / raw", unit: UnitRatio}
+	figDrainCPURaw  = figureSpec{name: "drain_cpu_per_job_raw", label: "drain, process CPU per job, raw", unit: UnitUs}
+	figDrainCPUEv   = figureSpec{name: "drain_cpu_per_job_raw_event", label: "drain, process CPU per job, raw + 1 event", unit: UnitUs}
+	figDrainCPU     = figureSpec{name: "drain_cpu_per_job", label: "drain, process CPU per job, jetfleet", unit: UnitUs}
+	figE2ERaw       = figureSpec{name: "end_to_end_rate_raw", label: "end to end, raw", unit: UnitRate}
+	figE2ERawEv     = figureSpec{name: "end_to_end_rate_raw_event", label: "end to end, raw + 1 stored event per job", unit: UnitRate}
+	figE2ECeiling   = figureSpec{name: "end_to_end_ratio_raw_event", label: "end to end, (raw + 1 event) / raw", unit: UnitRatio}
+	figE2E          = figureSpec{name: "end_to_end_rate", label: "end to end, jetfleet", unit: UnitRate}
+	figE2ERatio     = figureSpec{name: "end_to_end_ratio", label: "end to end, jetfleet / raw", unit: UnitRatio,
+		target: &Target{AtLeast: true, Value: 0.7}}
+)
+
+// throughput measures one run: enqueue, drain and end-to-end rates of
+// jetfleet agents and of the raw baseline, on one server, side by side.
+// A second baseline, raw + 1 stored event per job, shows the ceiling of a
+// design that stores one event per job, as jetfleet does.
+func (b *bencher) throughput(ctx context.Context, run int) error {
+	rs, err := b.open(ctx, serverOptions{})
+	if err != nil {
+		return err
+	}
+	defer rs.close(ctx)
+	tp := &throughputRun{b: b, rs: rs, n: b.cfg.Jobs, payload: workload.Payload(b.cfg.PayloadSize)}
+	if err := tp.setup(); err != nil {
+		return err
+	}
+	rawQ, rawEvQ, ourQ := rs.queue("raw"), rs.queue("rawev"), rs.queue("jobs")
+
+	// Enqueue: each fills its queue for the drain phase.
+	rawEnq, err := tp.enqueue(ctx, "raw", tp.rawMsg(rawQ))
+	if err != nil {
+		return err
+	}
+	ourEnq, err := tp.enqueue(ctx, "jetfleet", tp.jobMsg(ourQ))
+	if err != nil {
+		return err
+	}
+	if _, err := tp.enqueue(ctx, "raw", tp.rawMsg(rawEvQ)); err != nil {
+		return err
+	}
+	b.record(ScenarioThroughput, figEnqueueRaw, rawEnq)
+	b.record(ScenarioThroughput, figEnqueue, ourEnq)
+	b.record(ScenarioThroughput, figEnqueueRatio, ourEnq/rawEnq)
+
+	cpu0 := processCPU()
+	rawDrain, err := tp.rawRate(ctx, rawQ, false, false)
+	if err != nil {
+		return fmt.Errorf("raw drain: %w", err)
+	}
+	cpu1 := processCPU()
+	rawEvDrain, err := tp.rawRate(ctx, rawEvQ, false, true)
+	if err != nil {
+		return fmt.Errorf("raw + event drain: %w", err)
+	}
+	cpu2 := processCPU()
+	ourDrain, err := tp.agentRate(ctx, ourQ, false)
+	if err != nil {
+		return fmt.Errorf("drain: %w", err)
+	}
+	cpu3 := processCPU()
+	b.record(ScenarioThroughput, figDrainRaw, rawDrain)
+	b.record(ScenarioThroughput, figDrainRawEv, rawEvDrain)
+	b.record(ScenarioThroughput, figDrain, ourDrain)
+	b.record(ScenarioThroughput, figDrainRatio, ourDrain/rawDrain)
+	if cpu3 > 0 {
+		perJob := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(tp.n) }
+		b.record(ScenarioThroughput, figDrainCPURaw, perJob(cpu1-cpu0))
+		b.record(ScenarioThroughput, figDrainCPUEv, perJob(cpu2-cpu1))
+		b.record(ScenarioThroughput, figDrainCPU, perJob(cpu3-cpu2))
+	}
+
+	rawE2E, err := tp.rawRate(ctx, rs.queue("raw"), true, false)
+	if err != nil {
+		return fmt.Errorf("raw end to end: %w", err)
+	}
+	rawEvE2E, err := tp.rawRate(ctx, rs.queue("rawev"), true, true)
+	if err != nil {
+		return fmt.Errorf("raw + event end to end: %w", err)
+	}
+	ourE2E, err := tp.agentRate(ctx, rs.queue("jobs"), true)
+	if err != nil {
+		return fmt.Errorf("end to end: %w", err)
+	}
+	b.record(ScenarioThroughput, figE2ERaw, rawE2E)
+	b.record(ScenarioThroughput, figE2ERawEv, rawEvE2E)
+	b.record(ScenarioThroughput, figE2E, ourE2E)
+	b.record(ScenarioThroughput, figE2ERatio, ourE2E/rawE2E)
+	b.record(ScenarioThroughput, figE2ECeiling, rawEvE2E/rawE2E)
+	b.progress("throughput run %d: end to end %s jobs/s, raw %s jobs/s (%.2f×)", run,
+		formatValue(ourE2E, UnitRate), formatValue(rawE2E, UnitRate), ourE2E/rawE2E)
+	return nil
+}
+
+// throughputRun holds what the phases of one throughput run share.
+type throughputRun struct {
+	b        *bencher
+	rs       *runServer
+	n        int
+	payload  []byte
+	producer *nats.Conn // publishes every job
+	observer *nats.Conn // counts events
+}
+
+func (tp *throughputRun) setup() error {
+	p, err := tp.rs.connect("producer")
+	if err != nil {
+		return err
+	}
+	o, err := tp.rs.connect("observer")
+	if err != nil {
+		return err
+	}
+	tp.producer, tp.observer = p.Conn, o.Conn
+	return nil
+}
+
+// rawMsg publishes the payload alone, as a raw JetStream producer would.
+func (tp *throughputRun) rawMsg(queue string) func(i int) *nats.Msg {
+	subject := protocol.JobSubject(queue, kindNoop)
+	return func(int) *nats.Msg { return &nats.Msg{Subject: subject, Data: tp.payload} }
+}
+
+// jobMsg publishes a jetfleet job with an id: Jetfleet-Job-Id and
+// Nats-Msg-Id, so JetStream drops a duplicate.
+func (tp *throughputRun) jobMsg(queue string) func(i int) *nats.Msg {
+	return func(i int) *nats.Msg {
+		m, err := protocol.Job{ID: fmt.Sprintf("%s-%d", queue, i), Queue: queue, Kind: kindNoop, Payload: tp.payload}.Msg()
+		if err != nil {
+			panic(err) // the queue, kind and id are valid by construction
+		}
+		return m
+	}
+}
+
+// enqueue times publishing n messages and waiting for their acks.
+func (tp *throughputRun) enqueue(ctx context.Context, what string, msg func(int) *nats.Msg) (float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, phaseTimeout(tp.n))
+	defer cancel()
+	runtime.GC()
+	start := time.Now()
+	if err := publish(ctx, tp.producer, tp.n, msg); err != nil {
+		return 0, fmt.Errorf("%s enqueue: %w", what, err)
+	}
+	return rate(tp.n, time.Since(start)), nil
+}
+
+// rawRate times the raw baseline acking n jobs of queue (with withEvent,
+// storing an event for each): a drain of the jobs already in it, or, with
+// produce, jobs published once the consumers wait for them.
+func (tp *throughputRun) rawRate(ctx context.Context, queue string, produce, withEvent bool) (float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, phaseTimeout(tp.n))
+	defer cancel()
+	js, err := newJetStream(tp.producer)
+	if err != nil {
+		return 0, err
+	}
+	raw, err := newRaw(ctx, tp.rs, js, queue, tp.b.cfg.Agents, tp.b.cfg.Concurrency, tp.n, withEvent)
+	if err != nil {
+		return 0, err
+	}
+	defer raw.stop()
+	runtime.GC()
+	var start time.Time
+	if produce {
+		if err := raw.start(ctx); err != nil {
+			return 0, err
+		}
+		start = time.Now()
+		if err := publish(ctx, tp.producer, tp.n, tp.rawMsg(queue)); err != nil {
+			return 0, err
+		}
+	} else {
+		start = time.Now()
+		if err := raw.start(ctx); err != nil {
+			return 0, err
+		}
+	}
+	end, err := raw.wait(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if err := waitQueueEmpty(ctx, js, queue); err != nil {
+		return 0, err
+	}
+	return rate(tp.n, end.Sub(start)), nil
+}
+
+// agentRate times K agents running n no-op jobs of queue: a drain of the
+// jobs already in it, or, with produce, jobs published once the agents wait
+// for them. The run ends when the n-th handler has returned and the queue's
+// consumer holds no job unacknowledged: every ack is confirmed, as in the
+// raw baseline. (Counting succeeded events instead would add a delivery per
+// job to the server's work, which the baseline does not have.)
+func (tp *throughputRun) agentRate(ctx context.Context, queue string, produce bool) (float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, phaseTimeout(tp.n))
+	defer cancel()
+	handled := &counter{n: int64(tp.n), done: make(chan struct{})}
+	fleet, err := newAgents(tp.rs, "agent", queue, kindNoop, tp.b.cfg.Agents, tp.b.cfg.Concurrency,
+		func(context.Context, *agent.Job) error {
+			handled.add(1)
+			return nil
+		})
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = fleet.stop(ctx) }()
+	js, err := newJetStream(tp.observer)
+	if err != nil {
+		return 0, err
+	}
+	runtime.GC()
+	var start time.Time
+	if produce {
+		if err := fleet.start(ctx); err != nil {
+			return 0, err
+		}
+		start = time.Now()
+		if err := publish(ctx, tp.producer, tp.n, tp.jobMsg(queue)); err != nil {
+			return 0, err
+		}
+	} else {
+		start = time.Now()
+		if err := fleet.start(ctx); err != nil {
+			return 0, err
+		}
+	}
+	if _, err := handled.wait(ctx, "handled jobs"); err != nil {
+		return 0, err
+	}
+	if err := waitQueueEmpty(ctx, js, queue); err != nil {
+		return 0, err
+	}
+	end := time.Now()
+	if err := fleet.stop(ctx); err != nil {
+		return 0, fmt.Errorf("stop agents: %w", err)
+	}
+	return rate(tp.n, end.Sub(start)), nil
+}
+
+func rate(n int, d time.Duration) float64 { return float64(n) / d.Seconds() }
+
+// durability figures: the default sync interval against sync_interval: always.
+var (
+	figDurEnqDefault = figureSpec{name: "enqueue_rate_default_sync", label: "enqueue, default sync interval", unit: UnitRate}
+	figDurEnqAlways  = figureSpec{name: "enqueue_rate_sync_always", label: "enqueue, sync_interval always", unit: UnitRate}
+	figDurEnqRatio   = figureSpec{name: "enqueue_ratio_always_default", label: "enqueue, always / default", unit: UnitRatio}
+	figDurE2EDefault = figureSpec{name: "end_to_end_rate_default_sync", label: "end to end, default sync interval", unit: UnitRate}
+	figDurE2EAlways  = figureSpec{name: "end_to_end_rate_sync_always", label: "end to end, sync_interval always", unit: UnitRate}
+	figDurE2ERatio   = figureSpec{name: "end_to_end_ratio_always_default", label: "end to end, always / default", unit: UnitRatio}
+)
+
+// durability measures one run of the enqueue and end-to-end rates of
+// jetfleet on an embedded server with the file store's default sync
+// interval and on one with sync_interval: always.
+func (b *bencher) durability(ctx context.Context, run int) error {
+	var enq, e2e [2]float64
+	for i, always := range []bool{false, true} {
+		rs, err := b.open(ctx, serverOptions{syncAlways: always, embeddedOnly: true, topology: topology.Config{}})
+		if err != nil {
+			return err
+		}
+		tp := &throughputRun{b: b, rs: rs, n: b.cfg.DurabilityJobs, payload: workload.Payload(b.cfg.PayloadSize)}
+		if err = tp.setup(); err == nil {
+			if enq[i], err = tp.enqueue(ctx, "jetfleet", tp.jobMsg(rs.queue("jobs"))); err == nil {
+				e2e[i], err = tp.agentRate(ctx, rs.queue("jobs"), true)
+			}
+		}
+		rs.close(ctx)
+		if err != nil {
+			return fmt.Errorf("sync always %t: %w", always, err)
+		}
+	}
+	b.record(ScenarioDurability, figDurEnqDefault, enq[0])
+	b.record(ScenarioDurability, figDurEnqAlways, enq[1])
+	b.record(ScenarioDurability, figDurEnqRatio, enq[1]/enq[0])
+	b.record(ScenarioDurability, figDurE2EDefault, e2e[0])
+	b.record(ScenarioDurability, figDurE2EAlways, e2e[1])
+	b.record(ScenarioDurability, figDurE2ERatio, e2e[1]/e2e[0])
+	b.progress("durability run %d: end to end %s jobs/s with the default sync interval, %s with sync always", run,
+		formatValue(e2e[0], UnitRate), formatValue(e2e[1], UnitRate))
+	return nil
+}
