@@ -1,6 +1,3 @@
-// Package lease elects one leader among the replicas of a service through a
-// key in a JetStream key-value bucket whose TTL drops the key when nobody
-// renews it. The scheduler and the supervisor each hold their own key.
 package lease
 
 import (
@@ -253,4 +250,20 @@ func (el *Elector) Release(ctx context.Context) {
 		!errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 		el.cfg.Log.Debug("could not release the leader lease", telemetry.LogError, err)
 	}
+}
+
+// ValidKey reports whether k can name a lease: a key-value key (letters,
+// digits, '-', '_', '/', '=', '.'; no leading or trailing '.').
+func ValidKey(k string) bool {
+	if k == "" {
+		return false
+	}
+	for _, r := range k {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '/', r == '=', r == '.':
+		default:
+			return false
+		}
+	}
+	return k[0] != '.' && k[len(k)-1] != '.'
 }

@@ -195,36 +195,16 @@ func (s *Scheduler) handler(h func(context.Context, []byte) (any, error)) micro.
 			}
 			_ = req.Respond(fwd.msg.Data)
 		case err != nil:
-			respondError(req, err)
+			protocol.RespondError(req, err)
 		default:
 			data, merr := json.Marshal(res)
 			if merr != nil {
-				respondError(req, merr)
+				protocol.RespondError(req, merr)
 				return
 			}
 			_ = req.Respond(data)
 		}
 	}
-}
-
-func respondError(req micro.Request, err error) {
-	doc := protocol.ToDoc(err)
-	body, _ := protocol.Marshal(doc)
-	_ = req.Error(statusOf(doc.GetCode()), doc.GetMessage(), body)
-}
-
-func statusOf(code string) string {
-	switch code {
-	case protocol.CodeInvalidArgument:
-		return "400"
-	case protocol.CodeNotFound:
-		return "404"
-	case protocol.CodeAlreadyExists, protocol.CodeConflict:
-		return "409"
-	case protocol.CodeUnavailable:
-		return "503"
-	}
-	return "500"
 }
 
 func unavailable(format string, args ...any) error {
@@ -736,7 +716,7 @@ func (s *Scheduler) handleLeaderRequest(msg *nats.Msg) {
 	reply := nats.NewMsg(msg.Reply)
 	if err != nil {
 		doc := protocol.ToDoc(err)
-		reply.Header.Set(micro.ErrorCodeHeader, statusOf(doc.GetCode()))
+		reply.Header.Set(micro.ErrorCodeHeader, protocol.HTTPStatus(doc.GetCode()))
 		reply.Header.Set(micro.ErrorHeader, doc.GetMessage())
 		reply.Data, _ = protocol.Marshal(doc)
 	} else {

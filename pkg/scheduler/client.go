@@ -2,15 +2,11 @@ package scheduler
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/micro"
 
 	"github.com/jetfleet/jetfleet/pkg/protocol"
-	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 )
 
 // Client calls the scheduler API. Errors the scheduler returns are
@@ -25,31 +21,7 @@ type Client struct {
 func NewClient(nc *nats.Conn) *Client { return &Client{nc: nc} }
 
 func (c *Client) call(ctx context.Context, endpoint string, req, res any) error {
-	data, err := json.Marshal(req)
-	if err != nil {
-		return err
-	}
-	msg, err := c.nc.RequestWithContext(ctx, APISubject+"."+endpoint, data)
-	if err != nil {
-		if err == nats.ErrNoResponders {
-			return protocol.Errorf(protocol.CodeUnavailable, "no scheduler answers on %s.%s", APISubject, endpoint)
-		}
-		return fmt.Errorf("scheduler %s: %w", endpoint, err)
-	}
-	if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" {
-		var doc jetfleetpb.Error
-		if protocol.Unmarshal(msg.Data, &doc) != nil || doc.GetCode() == "" {
-			return protocol.Errorf(protocol.CodeInternal, "%s (status %s)", msg.Header.Get(micro.ErrorHeader), code)
-		}
-		return protocol.FromDoc(&doc)
-	}
-	if res == nil {
-		return nil
-	}
-	if err := json.Unmarshal(msg.Data, res); err != nil {
-		return fmt.Errorf("scheduler %s: decode reply: %w", endpoint, err)
-	}
-	return nil
+	return protocol.CallAPI(ctx, c.nc, "scheduler", APISubject+"."+endpoint, req, res)
 }
 
 // Add stores a new schedule.

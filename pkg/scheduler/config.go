@@ -7,10 +7,10 @@ import (
 
 	"github.com/jetfleet/jetfleet/pkg/clock"
 	"github.com/jetfleet/jetfleet/pkg/config"
+	"github.com/jetfleet/jetfleet/pkg/lease"
 	"github.com/jetfleet/jetfleet/pkg/lifecycle"
 	"github.com/jetfleet/jetfleet/pkg/service"
 	"github.com/jetfleet/jetfleet/pkg/telemetry"
-	"github.com/jetfleet/jetfleet/pkg/topology"
 )
 
 // Config is the scheduler section of the configuration (koanf "scheduler").
@@ -99,7 +99,7 @@ func (c Config) withDefaults(leaseTTL time.Duration) Config {
 func (c Config) Validate(section string, leaseTTL time.Duration) error {
 	key := func(k string) string { return section + "." + k }
 	var errs []error
-	if c.LeaseKey != "" && !validLeaseKey(c.LeaseKey) {
+	if c.LeaseKey != "" && !lease.ValidKey(c.LeaseKey) {
 		errs = append(errs, config.Invalid(key("lease_key"), "must be a key-value key: letters, digits, '-', '_', '/', '=' or '.'"))
 	}
 	for k, d := range map[string]time.Duration{
@@ -159,22 +159,4 @@ func BuildFunc(cfg Config) service.BuildFunc {
 		}
 		return s, nil
 	}
-}
-
-func leaseTTLOf(env *service.Env) time.Duration {
-	if env.Base == nil {
-		return topology.DefaultLeaseTTL
-	}
-	return env.Base.Topology.WithDefaults().LeaseTTL
-}
-
-func validLeaseKey(k string) bool {
-	for _, r := range k {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '/', r == '=', r == '.':
-		default:
-			return false
-		}
-	}
-	return k[0] != '.' && k[len(k)-1] != '.'
 }

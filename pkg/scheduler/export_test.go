@@ -26,7 +26,7 @@ func (s *Scheduler) Kick(ctx context.Context) error {
 
 // WaitLeading waits until the replica leads (or, with false, does not).
 func (s *Scheduler) WaitLeading(ctx context.Context, leading bool) error {
-	return s.leading.wait(ctx, leading)
+	return s.leading.Wait(ctx, leading)
 }
 
 // WaitSynced waits until the replica's engine has applied everything the

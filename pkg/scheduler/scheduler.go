@@ -54,7 +54,7 @@ type Scheduler struct {
 	runner  lifecycle.Runner
 
 	defsSeen, statesSeen seqWaiter
-	leading              flag
+	leading              lifecycle.Flag
 	started              atomic.Bool
 
 	// gone tracks runs whose job left JOBS without an event that ends them.
@@ -65,52 +65,6 @@ type Scheduler struct {
 	agents   jetstream.KeyValue
 }
 
-// flag is a boolean one can wait on.
-type flag struct {
-	mu sync.Mutex
-	on bool
-	ch chan struct{}
-}
-
-func (f *flag) set(on bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.on != on {
-		f.on = on
-		if f.ch != nil {
-			close(f.ch)
-			f.ch = nil
-		}
-	}
-}
-
-func (f *flag) get() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.on
-}
-
-// wait returns once the flag is on (or off, when on is false).
-func (f *flag) wait(ctx context.Context, on bool) error {
-	for {
-		f.mu.Lock()
-		if f.on == on {
-			f.mu.Unlock()
-			return nil
-		}
-		if f.ch == nil {
-			f.ch = make(chan struct{})
-		}
-		ch := f.ch
-		f.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
 // New builds a scheduler replica from env (a connection to a provisioned
 // JetStream). clk drives scheduling decisions; the leader lease always runs
 // on the real clock because it races a TTL the server measures.
@@ -118,7 +72,7 @@ func New(cfg Config, env *service.Env, clk clock.Clock) (*Scheduler, error) {
 	if env == nil || env.Conn == nil {
 		return nil, errors.New("scheduler: env needs a NATS connection")
 	}
-	ttl := leaseTTLOf(env)
+	ttl := env.LeaseTTL()
 	if err := cfg.Validate("scheduler", ttl); err != nil {
 		return nil, err
 	}
@@ -251,7 +205,7 @@ func (s *Scheduler) Ready(ctx context.Context) error {
 // IsLeader reports whether this replica holds the leader lease and is
 // firing: the lease alone is not enough until the replica has caught up
 // with the state its predecessor left.
-func (s *Scheduler) IsLeader() bool { return s.el != nil && s.el.IsLeader() && s.leading.get() }
+func (s *Scheduler) IsLeader() bool { return s.el != nil && s.el.IsLeader() && s.leading.Get() }
 
 // HoldsLease reports whether this replica holds the leader lease.
 func (s *Scheduler) HoldsLease() bool { return s.el != nil && s.el.IsLeader() }

@@ -140,6 +140,15 @@ type Env struct {
 	JetStream jetstream.JetStream
 }
 
+// LeaseTTL is the topology's leader lease TTL (the default when the
+// environment carries no base configuration, as in tests).
+func (e *Env) LeaseTTL() time.Duration {
+	if e.Base == nil {
+		return topology.DefaultLeaseTTL
+	}
+	return e.Base.Topology.WithDefaults().LeaseTTL
+}
+
 // Connect opens a NATS connection for the component name and provisions the
 // topology. Close releases the connection.
 func Connect(ctx context.Context, name string, base *Base, tel *telemetry.Telemetry, logger *slog.Logger) (*Env, error) {

@@ -288,36 +288,16 @@ func (s *Supervisor) handler(h func(context.Context, []byte) (any, error)) micro
 		defer cancel()
 		res, err := h(ctx, req.Data())
 		if err != nil {
-			respondError(req, err)
+			protocol.RespondError(req, internal(err))
 			return
 		}
 		data, err := json.Marshal(res)
 		if err != nil {
-			respondError(req, err)
+			protocol.RespondError(req, internal(err))
 			return
 		}
 		_ = req.Respond(data)
 	}
-}
-
-func respondError(req micro.Request, err error) {
-	doc := protocol.ToDoc(internal(err))
-	body, _ := protocol.Marshal(doc)
-	_ = req.Error(statusOf(doc.GetCode()), doc.GetMessage(), body)
-}
-
-func statusOf(code string) string {
-	switch code {
-	case protocol.CodeInvalidArgument:
-		return "400"
-	case protocol.CodeNotFound:
-		return "404"
-	case protocol.CodeAlreadyExists, protocol.CodeConflict:
-		return "409"
-	case protocol.CodeUnavailable:
-		return "503"
-	}
-	return "500"
 }
 
 func internal(err error) error {

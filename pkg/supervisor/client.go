@@ -2,14 +2,10 @@ package supervisor
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/micro"
 
 	"github.com/jetfleet/jetfleet/pkg/protocol"
-	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 )
 
 // Client calls the supervisor API. Errors the supervisor returns are
@@ -23,28 +19,7 @@ type Client struct {
 func NewClient(nc *nats.Conn) *Client { return &Client{nc: nc} }
 
 func (c *Client) call(ctx context.Context, subject string, req, res any) error {
-	data, err := json.Marshal(req)
-	if err != nil {
-		return err
-	}
-	msg, err := c.nc.RequestWithContext(ctx, subject, data)
-	if err != nil {
-		if err == nats.ErrNoResponders {
-			return protocol.Errorf(protocol.CodeUnavailable, "no supervisor answers on %s", subject)
-		}
-		return fmt.Errorf("supervisor %s: %w", subject, err)
-	}
-	if code := msg.Header.Get(micro.ErrorCodeHeader); code != "" {
-		var doc jetfleetpb.Error
-		if protocol.Unmarshal(msg.Data, &doc) != nil || doc.GetCode() == "" {
-			return protocol.Errorf(protocol.CodeInternal, "%s (status %s)", msg.Header.Get(micro.ErrorHeader), code)
-		}
-		return protocol.FromDoc(&doc)
-	}
-	if err := json.Unmarshal(msg.Data, res); err != nil {
-		return fmt.Errorf("supervisor %s: decode reply: %w", subject, err)
-	}
-	return nil
+	return protocol.CallAPI(ctx, c.nc, "supervisor", subject, req, res)
 }
 
 func dlqSubject(endpoint string) string        { return DLQAPISubject + "." + endpoint }

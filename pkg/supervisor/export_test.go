@@ -10,7 +10,7 @@ import (
 
 // WaitLeading waits until the replica leads (or, with false, does not).
 func (s *Supervisor) WaitLeading(ctx context.Context, leading bool) error {
-	return s.leading.wait(ctx, leading)
+	return s.leading.Wait(ctx, leading)
 }
 
 // Reconcile runs one reconciliation pass of max deliveries now.

@@ -59,7 +59,7 @@ type Supervisor struct {
 	leaderMu     sync.Mutex
 	leaderCancel context.CancelFunc
 	leaderGen    uint64
-	leading      flag
+	leading      lifecycle.Flag
 	started      atomic.Bool
 	agentsLoaded atomic.Bool
 }
@@ -77,7 +77,7 @@ func New(cfg Config, env *service.Env, clk clock.Clock) (*Supervisor, error) {
 	if env == nil || env.Conn == nil {
 		return nil, errors.New("supervisor: env needs a NATS connection")
 	}
-	ttl := leaseTTLOf(env)
+	ttl := env.LeaseTTL()
 	if err := cfg.Validate("supervisor", ttl); err != nil {
 		return nil, err
 	}
@@ -264,7 +264,7 @@ func (s *Supervisor) Ready(context.Context) error {
 }
 
 // IsLeader reports whether this replica holds the leader lease and acts.
-func (s *Supervisor) IsLeader() bool { return s.el != nil && s.el.IsLeader() && s.leading.get() }
+func (s *Supervisor) IsLeader() bool { return s.el != nil && s.el.IsLeader() && s.leading.Get() }
 
 // Holder is the replica's name in the leader lease.
 func (s *Supervisor) Holder() string { return s.holder }
@@ -278,7 +278,7 @@ func (s *Supervisor) onLeadership(runCtx context.Context, leading bool) {
 		s.leaderCancel()
 		s.leaderCancel = nil
 	}
-	s.leading.set(false)
+	s.leading.Set(false)
 	s.metrics.leading.Store(0)
 	if !leading || runCtx.Err() != nil {
 		return
@@ -289,59 +289,13 @@ func (s *Supervisor) onLeadership(runCtx context.Context, leading bool) {
 	s.history.reset()
 	s.alerter.reset()
 	s.rates.reset()
-	s.leading.set(true)
+	s.leading.Set(true)
 	s.metrics.leading.Store(1)
 	s.runner.Go(func(context.Context) { s.consumeAdvisories(ctx) })
 	s.runner.Go(func(context.Context) { s.consumeDeadLetters(ctx) })
 	s.runner.Go(func(context.Context) { s.consumeEvents(ctx) })
 	s.runner.Go(func(context.Context) { s.reconcileLoop(ctx) })
 	s.runner.Go(func(context.Context) { s.rates.adopt(ctx) })
-}
-
-// flag is a boolean one can wait on.
-type flag struct {
-	mu sync.Mutex
-	on bool
-	ch chan struct{}
-}
-
-func (f *flag) set(on bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.on != on {
-		f.on = on
-		if f.ch != nil {
-			close(f.ch)
-			f.ch = nil
-		}
-	}
-}
-
-func (f *flag) get() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.on
-}
-
-// wait returns once the flag is on (or off, when on is false).
-func (f *flag) wait(ctx context.Context, on bool) error {
-	for {
-		f.mu.Lock()
-		if f.on == on {
-			f.mu.Unlock()
-			return nil
-		}
-		if f.ch == nil {
-			f.ch = make(chan struct{})
-		}
-		ch := f.ch
-		f.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
 }
 
 // checkLoop runs check every check_interval until the supervisor stops.
