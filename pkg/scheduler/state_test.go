@@ -65,7 +65,8 @@ func TestAddOfALiveIDLeavesItsStateAlone(t *testing.T) {
 	assert.Equal(t, 2.0, counterValue(t, rf.r.env.Telemetry.Registry, "jetfleet_scheduler_fires_total"))
 	assert.Equal(t, 0.0, counterValue(t, rf.r.env.Telemetry.Registry, "jetfleet_scheduler_duplicates_total"))
 	assert.Equal(t, map[string]int{nominalJobOf("tick", 10*time.Second): 1, nominalJobOf("tick", 20*time.Second): 1}, rf.f.jobsOf(t, "tick"))
-	assert.Len(t, rf.events.of("tick", protocol.EventFired), 2)
+	// Schedule events follow the state write: wait for them.
+	assert.Len(t, rf.events.waitN(t, "tick", protocol.EventFired, 2), 2)
 }
 
 // TestRemovedScheduleAddedAgainFiresNormally: after rm, the state key holds
