@@ -422,6 +422,46 @@ func TestCancelCommandEndsJobAsCancelled(t *testing.T) {
 	assert.Equal(t, protocol.EventDead, fleettest.LatestEvent(t, f.js, "c-1").GetType())
 }
 
+// TestTimeoutCommandFailsTheAttemptAsATimeout: the supervisor's timeout
+// command (an attempt past its deadline and the grace) ends the attempt as
+// timed out — retried while attempts remain — not as a cancellation.
+func TestTimeoutCommandFailsTheAttemptAsATimeout(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	var attempts atomic.Int32
+	started := make(chan struct{}, 2)
+	a := f.startAgent(t, agent.Config{}, func(a *agent.Agent) {
+		must(t, a.Register("hang", func(ctx context.Context, job *agent.Job) error {
+			if attempts.Add(1) > 1 {
+				return nil // the retry succeeds
+			}
+			started <- struct{}{}
+			<-ctx.Done()
+			return ctx.Err()
+		}, agent.KindOptions{Retry: agent.RetryPolicy{MaxAttempts: 3, InitialDelay: 10 * time.Millisecond, Jitter: -1}}))
+	})
+	fleettest.Publish(t, f.js, protocol.Job{ID: "t-1", Queue: "default", Kind: "hang"})
+	<-started
+	f.events.WaitFor(t, 10*time.Second, "t-1", protocol.EventStarted)
+	data, err := protocol.Marshal(&jetfleetpb.AgentCommand{Action: protocol.CommandTimeout, JobId: "t-1", Reason: "ran 2m, past 1m and the grace"})
+	require.NoError(t, err)
+	reply, err := f.nc.Request(protocol.ControlSubject(a.ID()), data, 5*time.Second)
+	require.NoError(t, err)
+	var doc jetfleetpb.Error
+	require.NoError(t, protocol.Unmarshal(reply.Data, &doc))
+	require.NoError(t, protocol.FromDoc(&doc), "the agent accepts the timeout command")
+
+	retrying := f.events.WaitFor(t, 10*time.Second, "t-1", protocol.EventRetrying)
+	assert.Equal(t, protocol.CodeTimeout, retrying.GetErrorCode())
+	assert.Contains(t, retrying.GetError(), "timed out by the supervisor")
+	f.events.WaitFor(t, 10*time.Second, "t-1", protocol.EventSucceeded)
+	assert.Equal(t, int32(2), attempts.Load())
+	for _, typ := range f.events.Of("t-1") {
+		assert.NotEqual(t, protocol.EventCancelled, typ, "a timeout is not a cancellation")
+		assert.NotEqual(t, protocol.EventDead, typ)
+	}
+}
+
 func TestConcurrencyBoundsWhatTheAgentHolds(t *testing.T) {
 	t.Parallel()
 	f := setup(t, topology.Config{})

@@ -27,14 +27,19 @@ func (a *Agent) handleControl(m *nats.Msg) {
 		return
 	}
 	switch cmd.GetAction() {
-	case protocol.CommandCancel:
+	case protocol.CommandCancel, protocol.CommandTimeout:
 		ex := a.findJob(cmd.GetJobId())
 		if ex == nil {
 			reply(protocol.Errorf(protocol.CodeNotFound, "job %s is not running on agent %s", cmd.GetJobId(), a.cfg.ID))
 			return
 		}
-		a.logger.Info("cancelling job on request", telemetry.LogJobID, cmd.GetJobId(), "reason", cmd.GetReason())
-		ex.cancel(&cancelCommandError{reason: cmd.GetReason()})
+		if cmd.GetAction() == protocol.CommandTimeout {
+			a.logger.Warn("timing out job on the supervisor's request", telemetry.LogJobID, cmd.GetJobId(), "reason", cmd.GetReason())
+			ex.cancel(&timeoutCommandError{reason: cmd.GetReason()})
+		} else {
+			a.logger.Info("cancelling job on request", telemetry.LogJobID, cmd.GetJobId(), "reason", cmd.GetReason())
+			ex.cancel(&cancelCommandError{reason: cmd.GetReason()})
+		}
 		reply(nil)
 	default:
 		reply(&protocol.Error{Code: protocol.CodeInvalidArgument, Field: "action", Message: "unknown action " + cmd.GetAction()})

@@ -72,7 +72,7 @@ type TimeoutError struct{ Timeout time.Duration }
 
 func (e *TimeoutError) Error() string { return fmt.Sprintf("attempt timed out after %s", e.Timeout) }
 
-// errCancelledByCommand is the cancel cause of a job cancelled through the
+// cancelCommandError is the cancel cause of a job cancelled through the
 // agent's control subject.
 type cancelCommandError struct{ reason string }
 
@@ -81,6 +81,19 @@ func (e *cancelCommandError) Error() string {
 		return "cancelled by command"
 	}
 	return "cancelled by command: " + e.reason
+}
+
+// timeoutCommandError is the cancel cause of an attempt the supervisor
+// timed out through the agent's control subject: it ran past its deadline
+// and the supervisor's grace. It fails like a timeout (retried while
+// attempts remain), not like a cancellation.
+type timeoutCommandError struct{ reason string }
+
+func (e *timeoutCommandError) Error() string {
+	if e.reason == "" {
+		return "timed out by the supervisor"
+	}
+	return "timed out by the supervisor: " + e.reason
 }
 
 // errReleased is the cancel cause of jobs handed back by a stopping agent.
@@ -119,6 +132,7 @@ func decide(err error, attempt, maxAttempts int, policy RetryPolicy, backoff fun
 		cancel *CancelError
 		malf   *MalformedError
 		cmd    *cancelCommandError
+		tcmd   *timeoutCommandError
 		timeo  *TimeoutError
 		pan    *PanicError
 	)
@@ -138,7 +152,7 @@ func decide(err error, attempt, maxAttempts int, policy RetryPolicy, backoff fun
 	}
 	code := protocol.CodeHandlerError
 	switch {
-	case errors.As(err, &timeo), errors.Is(err, context.DeadlineExceeded):
+	case errors.As(err, &timeo), errors.Is(err, context.DeadlineExceeded), errors.As(cause, &tcmd):
 		code = protocol.CodeTimeout
 	case errors.As(err, &pan):
 		code = protocol.CodePanic

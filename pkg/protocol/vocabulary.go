@@ -55,5 +55,10 @@ const (
 
 // Agent command actions (AgentCommand.action).
 const (
+	// CommandCancel ends the job as cancelled: dead-lettered, reason cancelled.
 	CommandCancel = "cancel"
+	// CommandTimeout ends the attempt as timed out (code timeout): retried
+	// while attempts remain. The supervisor sends it for an attempt past its
+	// deadline and the grace.
+	CommandTimeout = "timeout"
 )

@@ -10,17 +10,6 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/telemetry"
 )
 
-// commandTimeout is the AgentCommand action with which the supervisor
-// tells an agent that an attempt ran past its timeout and the grace: the
-// attempt is to end as a timeout (code timeout: retried while attempts
-// remain), not as a cancellation (dead-lettered with reason cancelled).
-// Agents that do not know it answer invalid_argument and keep running the
-// job; the supervisor fails the attempt itself after kill_grace.
-//
-// TODO(protocol): move to pkg/protocol as CommandTimeout once agents
-// handle it (docs/protocol.md §3.6, §7.1).
-const commandTimeout = "timeout"
-
 // attemptTimeout is how long the agent gives the attempt of j: its deadline
 // minus its start, both on the agent's clock, so host clocks need not agree.
 func attemptTimeout(j *jetfleetpb.InFlightJob) (time.Duration, bool) {
@@ -159,12 +148,12 @@ func (t *tracker) current(k deliveryKey) bool {
 }
 
 // timeoutCommand tells the agent running j that the attempt ran past its
-// timeout and the grace (commandTimeout). It never sends cancel: an agent
+// timeout and the grace (protocol.CommandTimeout). It never sends cancel: an agent
 // ends a cancelled job as a dead letter with reason cancelled, which would
 // turn a timeout into a final failure.
 func (s *Supervisor) timeoutCommand(ctx context.Context, agent string, j *jetfleetpb.InFlightJob, ran, timeout time.Duration) {
 	log := s.log.With(telemetry.LogAgentID, agent, telemetry.LogJobID, j.GetJobId())
-	data, _ := protocol.Marshal(&jetfleetpb.AgentCommand{Action: commandTimeout, JobId: j.GetJobId(),
+	data, _ := protocol.Marshal(&jetfleetpb.AgentCommand{Action: protocol.CommandTimeout, JobId: j.GetJobId(),
 		Reason: fmt.Sprintf("attempt %d has run %s, past its timeout %s and the grace %s", j.GetAttempt(),
 			ran.Round(time.Millisecond), timeout, s.cfg.DeadlineGrace)})
 	rctx, cancel := context.WithTimeout(ctx, max(s.cfg.ProbeTimeout, time.Second))
