@@ -2,6 +2,7 @@ package protocol_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -201,4 +202,18 @@ func TestSubjects(t *testing.T) {
 	assert.Error(t, err)
 	assert.Equal(t, "queue-default", protocol.QueueConsumer("default"))
 	assert.Equal(t, `-NAK {"delay": 1500000000}`, protocol.NakWithDelayBody(1500*time.Millisecond))
+}
+
+func TestValidateToken(t *testing.T) {
+	for _, ok := range []string{"a", "default", "Order_Kind-2", strings.Repeat("x", 128)} {
+		assert.NoError(t, protocol.ValidateToken("queue", ok), "%q", ok)
+	}
+	for _, bad := range []string{"", strings.Repeat("x", 129), "a.b", "a b", "a*", "a>", "é", "a=b", "a/b", "a\x00"} {
+		err := protocol.ValidateToken("queue", bad)
+		if assert.Error(t, err, "%q", bad) {
+			assert.Contains(t, err.Error(), "invalid queue")
+		}
+	}
+	assert.Equal(t, "b64_", protocol.JobToken(""), "an empty id still makes one token")
+	assert.Equal(t, "a=b", protocol.JobToken("a=b"))
 }

@@ -2,12 +2,22 @@ package protocol
 
 import (
 	"encoding/base64"
-	"regexp"
 	"strings"
 )
 
-// plainToken is a job id that can stand as a subject token unchanged.
-var plainToken = regexp.MustCompile(`^[A-Za-z0-9_=-]+$`)
+// allTokenBytes reports whether every byte of s is one of A-Z a-z 0-9 - _,
+// and also = when withEquals.
+func allTokenBytes(s string, withEquals bool) bool {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_':
+		case c == '=' && withEquals:
+		default:
+			return false
+		}
+	}
+	return true
+}
 
 // jobTokenEscapePrefix marks a job token that holds an encoded job id.
 const jobTokenEscapePrefix = "b64_"
@@ -17,7 +27,7 @@ const jobTokenEscapePrefix = "b64_"
 // and does not start with "b64_"; otherwise "b64_" followed by the unpadded
 // base64url encoding of the id (so "sched:x:1" is "b64_c2NoZWQ6eDox").
 func JobToken(jobID string) string {
-	if plainToken.MatchString(jobID) && !strings.HasPrefix(jobID, jobTokenEscapePrefix) {
+	if jobID != "" && allTokenBytes(jobID, true) && !strings.HasPrefix(jobID, jobTokenEscapePrefix) {
 		return jobID
 	}
 	return jobTokenEscapePrefix + base64.RawURLEncoding.EncodeToString([]byte(jobID))
