@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetfleet/jetfleet/pkg/embedded"
@@ -240,11 +239,4 @@ func (rs *runServer) cleanGiven(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// flush waits until the server has processed everything nc sent.
-func flush(ctx context.Context, nc *nats.Conn) error {
-	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	return nc.FlushWithContext(fctx)
 }

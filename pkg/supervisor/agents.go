@@ -109,11 +109,8 @@ type tracker struct {
 	// unnaked lists deliveries whose rescued event this replica stored
 	// but which it did not NAK (the agent spoke again, or leadership was
 	// lost): that event does not mean the delivery was released.
-	unnaked map[deliveryKey]bool
-	// ackOverdue lists the deliveries live agents hold after JetStream
-	// redelivered them, as of the last check.
-	ackOverdue []RunningJob
-	reported   map[deliveryKey]bool
+	unnaked  map[deliveryKey]bool
+	reported map[deliveryKey]bool
 	// stalled is set while silent agents cannot be judged because the
 	// supervisor's own connection does not answer (logged once).
 	stalled bool
@@ -666,12 +663,6 @@ func (t *tracker) heldSequences() map[uint64]bool {
 		}
 	}
 	return out
-}
-
-func (t *tracker) ackOverdueJobs() []RunningJob {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return slices.Clone(t.ackOverdue)
 }
 
 func runningJob(agent string, j *jetfleetpb.InFlightJob, state string) RunningJob {

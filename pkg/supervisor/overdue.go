@@ -74,7 +74,6 @@ func (t *tracker) checkJobs(ctx context.Context, now time.Time, leader bool) {
 			report = append(report, r)
 		}
 	}
-	t.ackOverdue = overdueJobs
 	t.mu.Unlock()
 	t.s.metrics.ackOverdue.Store(int64(len(overdueJobs)))
 
