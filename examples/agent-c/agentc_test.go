@@ -7,6 +7,7 @@ package agentc_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -487,6 +488,44 @@ func TestCancelCommandDeadLettersTheRunningJob(t *testing.T) {
 	dl, _ := f.deadLetter(t)
 	assert.Equal(t, protocol.ReasonCancelled, dl.GetReason())
 	assert.Contains(t, dl.GetLastError(), "not needed")
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, waitTimeout)
+}
+
+// TestTimeoutCommandRetriesTheAttempt: the supervisor's timeout command
+// ends the attempt as timed out (error code timeout) and the job is retried,
+// not cancelled; on its last attempt it is dead-lettered with max_attempts.
+func TestTimeoutCommandRetriesTheAttempt(t *testing.T) {
+	f := newFleet(t, topology.QueueConfig{})
+	hbs := watchHeartbeats(t, f.nc, "c-timeout")
+	f.startAgent(t, "c-timeout")
+	fleettest.Publish(t, f.js, protocol.Job{ID: "stuck-1", Queue: "default", Kind: "sleep", Payload: []byte("600000"),
+		MaxAttempts: 2, Backoff: []time.Duration{10 * time.Millisecond}})
+	timeOut := func(attempt uint32) {
+		t.Helper()
+		hbs.wait(t, fmt.Sprintf("listing attempt %d", attempt), func(hb *jetfleetpb.Heartbeat) bool {
+			j := inFlight(hb, "stuck-1")
+			return j != nil && j.GetAttempt() == attempt
+		})
+		data, err := protocol.Marshal(&jetfleetpb.AgentCommand{Action: protocol.CommandTimeout, JobId: "stuck-1", Reason: "past 1m and the grace"})
+		require.NoError(t, err)
+		reply, err := f.nc.Request(protocol.ControlSubject("c-timeout"), data, waitTimeout)
+		require.NoError(t, err)
+		var e jetfleetpb.Error
+		require.NoError(t, protocol.Unmarshal(reply.Data, &e))
+		require.Empty(t, e.GetCode(), "the agent accepts the timeout command: %s", e.GetMessage())
+	}
+
+	timeOut(1)
+	retrying := f.events.WaitFor(t, waitTimeout, "stuck-1", protocol.EventRetrying)
+	assert.Equal(t, protocol.CodeTimeout, retrying.GetErrorCode())
+	assert.Contains(t, retrying.GetError(), "timed out by the supervisor: past 1m and the grace")
+	assert.Equal(t, uint32(1), retrying.GetAttempt())
+
+	timeOut(2) // the last attempt
+	f.events.WaitFor(t, waitTimeout, "stuck-1", protocol.EventDead)
+	dl, _ := f.deadLetter(t)
+	assert.Equal(t, protocol.ReasonMaxAttempts, dl.GetReason())
+	assert.NotContains(t, types(f.events.Of("stuck-1")), "cancelled")
 	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, waitTimeout)
 }
 

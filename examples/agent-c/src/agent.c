@@ -69,7 +69,7 @@ static void logmsg(const char *level, const char *fmt, ...)
 /* State                                                               */
 /* ------------------------------------------------------------------ */
 
-enum stop { RUN = 0, STOP_RELEASE, STOP_CANCEL };
+enum stop { RUN = 0, STOP_RELEASE, STOP_CANCEL, STOP_TIMEOUT };
 
 /* One delivery of a job to this agent. */
 struct job {
@@ -741,11 +741,17 @@ bool job_wait(job_run *run, int64_t ns)
     return running;
 }
 
-/* Answers a job told to stop: handed back, or cancelled (§3.6). */
+/* Answers a job told to stop: handed back, cancelled, or timed out by the
+ * supervisor — a failed attempt with code timeout, retried while attempts
+ * remain (§3.6, §7.1). */
 static void stopped(struct job *j, enum stop why, const char *text, int64_t took)
 {
     if (why == STOP_RELEASE)
         hand_back(j, 0, "agent stopping");
+    else if (why == STOP_TIMEOUT && j->attempt >= j->max_attempts)
+        dead_letter(j, "max_attempts", "timeout", "failed", text, took);
+    else if (why == STOP_TIMEOUT)
+        retry(j, backoff_for(j), "timeout", text, took);
     else
         dead_letter(j, "cancelled", "cancelled", "cancelled", text, took);
 }
@@ -891,16 +897,18 @@ static void on_control(natsConnection *nc, natsSubscription *sub, natsMsg *msg, 
     if (json_member(doc, n, "reason", &v))
         json_string(v, reason, sizeof(reason));
 
-    if (strcmp(action, "cancel") != 0) {
+    bool timeout = strcmp(action, "timeout") == 0;
+    if (strcmp(action, "cancel") != 0 && !timeout) {
         code = "invalid_argument";
-        snprintf(message, sizeof(message), "unknown action \"%s\"; want cancel", action);
+        snprintf(message, sizeof(message), "unknown action \"%s\"; want cancel or timeout", action);
     } else {
         bool found = false;
         lock();
         for (struct job *j = A.jobs; j; j = j->next)
             if (j->ready && !j->settled && j->stop == RUN && strcmp(j->id, job_id) == 0) {
-                j->stop = STOP_CANCEL;
-                snprintf(j->stop_text, sizeof(j->stop_text), "cancelled by command%s%s", reason[0] ? ": " : "", reason);
+                j->stop = timeout ? STOP_TIMEOUT : STOP_CANCEL;
+                snprintf(j->stop_text, sizeof(j->stop_text), "%s%s%s",
+                         timeout ? "timed out by the supervisor" : "cancelled by command", reason[0] ? ": " : "", reason);
                 found = true;
             }
         pthread_cond_broadcast(&A.cond);
@@ -909,7 +917,7 @@ static void on_control(natsConnection *nc, natsSubscription *sub, natsMsg *msg, 
             code = "not_found";
             snprintf(message, sizeof(message), "agent %s is not running job %s", A.id, job_id);
         } else {
-            log_info("job %s: cancel requested", job_id);
+            log_info("job %s: %s requested", job_id, action);
         }
     }
 
