@@ -250,7 +250,7 @@ func TestEchoJobSucceeds(t *testing.T) {
 		assert.False(t, ev.GetTime().AsTime().IsZero())
 		assert.False(t, ev.GetStartedAt().AsTime().IsZero())
 
-		st := fleettest.LatestEvent(t, f.js, id) // found by the job token Go computes
+		st := fleettest.WaitLatestEvent(t, f.js, id, protocol.EventSucceeded, waitTimeout) // found by the job token Go computes
 		assert.Equal(t, protocol.EventSucceeded, st.GetType(), "the latest event is the job's status")
 		fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, waitTimeout)
 		assert.Equal(t, protocol.EventSucceeded, types(f.events.Of(id)), "a quick job has one event")

@@ -89,7 +89,7 @@ func TestJobSucceeds(t *testing.T) {
 	assert.Equal(t, uint32(1), ev.GetAttempt())
 	assert.Equal(t, seq, ev.GetStreamSequence())
 	assert.Equal(t, []string{protocol.EventSucceeded}, f.events.Of("job-1"), "a quick job has one event")
-	st := fleettest.LatestEvent(t, f.js, "job-1")
+	st := fleettest.WaitLatestEvent(t, f.js, "job-1", protocol.EventSucceeded, 10*time.Second)
 	assert.Equal(t, protocol.EventSucceeded, st.GetType(), "the latest event is the job's status")
 	assert.NotEmpty(t, st.GetTraceId())
 	assert.NotEmpty(t, st.GetAgentId())
@@ -188,7 +188,7 @@ func TestNonRetryableGoesToDeadLetterOnce(t *testing.T) {
 	assert.Equal(t, []string{"nr-1"}, dl.GetHeaders()[protocol.HeaderJobID].GetValues(), "original headers kept")
 	assert.Equal(t, protocol.ReasonNonRetryable, byID["nr-2"].GetReason())
 	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, 10*time.Second)
-	assert.Equal(t, protocol.EventDead, fleettest.LatestEvent(t, f.js, "nr-1").GetType())
+	assert.Equal(t, protocol.EventDead, fleettest.WaitLatestEvent(t, f.js, "nr-1", protocol.EventDead, 10*time.Second).GetType())
 }
 
 func TestLastAttemptDeadLetters(t *testing.T) {
@@ -419,7 +419,7 @@ func TestCancelCommandEndsJobAsCancelled(t *testing.T) {
 	assert.Contains(t, ev.GetError(), "operator asked")
 	dead := f.events.WaitFor(t, 10*time.Second, "c-1", protocol.EventDead)
 	assert.Equal(t, protocol.ReasonCancelled, dead.GetReason())
-	assert.Equal(t, protocol.EventDead, fleettest.LatestEvent(t, f.js, "c-1").GetType())
+	assert.Equal(t, protocol.EventDead, fleettest.WaitLatestEvent(t, f.js, "c-1", protocol.EventDead, 10*time.Second).GetType())
 }
 
 // TestTimeoutCommandFailsTheAttemptAsATimeout: the supervisor's timeout

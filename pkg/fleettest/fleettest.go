@@ -247,6 +247,36 @@ func LatestEvent(t testing.TB, js jetstream.JetStream, jobID string) *jetfleetpb
 	return &ev
 }
 
+// WaitLatestEvent waits until an event of type typ of jobID is stored in
+// EVENTS, then returns the job's latest stored event (which a test may
+// expect to be that one). Subscribers see a published event before the
+// stream may have stored it, so a test that read LatestEvent right after
+// seeing an event on a subscription could read an older one.
+func WaitLatestEvent(t testing.TB, js jetstream.JetStream, jobID, typ string, timeout time.Duration) *jetfleetpb.JobEvent {
+	t.Helper()
+	ctx := Ctx(t, timeout)
+	cons, err := js.OrderedConsumer(ctx, protocol.StreamEvents, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{protocol.JobEventsOfID(jobID)}})
+	if err != nil {
+		t.Fatalf("fleettest: consumer of %s's events: %v", jobID, err)
+	}
+	var seen []string
+	for {
+		m, err := cons.Next(jetstream.FetchContext(ctx))
+		if err != nil {
+			t.Fatalf("fleettest: no %s event of %s stored within %s (stored: %v): %v", typ, jobID, timeout, seen, err)
+		}
+		var ev jetfleetpb.JobEvent
+		if err := protocol.Unmarshal(m.Data(), &ev); err != nil {
+			t.Fatalf("fleettest: event of %s: %v", jobID, err)
+		}
+		seen = append(seen, ev.GetType())
+		if ev.GetType() == typ {
+			return LatestEvent(t, js, jobID)
+		}
+	}
+}
+
 // WaitStreamMsgs waits until stream holds want messages. Acks and TERMs are
 // fire-and-forget (or confirmed after the event that announces them), so a
 // test reads the stream's state after it settles, not at the event.

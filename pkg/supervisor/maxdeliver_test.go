@@ -102,7 +102,7 @@ func TestCrashLoopReachesMaxDeliverAndIsDeadLetteredOnce(t *testing.T) {
 	assert.Zero(t, survivorRuns.Load(), "the poison job never ran past max_deliver")
 	assert.Equal(t, 3, countEvents(f.events, "poison-1", protocol.EventRescued))
 	assert.Equal(t, 1, countEvents(f.events, "poison-1", protocol.EventDead))
-	assert.Equal(t, protocol.EventDead, fleettest.LatestEvent(t, f.js, "poison-1").GetType())
+	assert.Equal(t, protocol.EventDead, fleettest.WaitLatestEvent(t, f.js, "poison-1", protocol.EventDead, 10*time.Second).GetType())
 }
 
 // TestReconcileFindsJobsPastMaxDeliverWithoutAdvisory checks, on a real
