@@ -16,15 +16,9 @@ import (
 // Config is the scheduler section of the configuration (koanf "scheduler").
 // Zero values mean the documented default.
 type Config struct {
-	// LeaseKey is the key of the leader lease in bucket leases. Replicas
-	// with the same key compete for one leadership. Defaults to "scheduler".
-	LeaseKey string `koanf:"lease_key"`
-	// RenewInterval is how often the leader renews its lease. Defaults to a
-	// quarter of topology.lease_ttl; at most half of it.
-	RenewInterval time.Duration `koanf:"renew_interval"`
-	// AcquireInterval is how often a follower tries to take a free lease.
-	// Defaults to a twentieth of topology.lease_ttl.
-	AcquireInterval time.Duration `koanf:"acquire_interval"`
+	// LeaseKey (default "scheduler"), RenewInterval and AcquireInterval:
+	// the leader lease.
+	lease.Settings `koanf:",squash"`
 	// MisfireThreshold is how late a fire may be and still count as on time;
 	// later ones (after downtime) follow the schedule's misfire policy. Keep
 	// it above topology.lease_ttl so that a failover misfires nothing.
@@ -68,15 +62,7 @@ func (c *ServiceConfig) ApplyDefaults() {
 
 // withDefaults fills zero values; leaseTTL is topology.lease_ttl.
 func (c Config) withDefaults(leaseTTL time.Duration) Config {
-	if c.LeaseKey == "" {
-		c.LeaseKey = DefaultLeaseKey
-	}
-	if c.RenewInterval == 0 {
-		c.RenewInterval = leaseTTL / 4
-	}
-	if c.AcquireInterval == 0 {
-		c.AcquireInterval = leaseTTL / 20
-	}
+	c.Settings = c.Settings.WithDefaults(DefaultLeaseKey, leaseTTL)
 	if c.MisfireThreshold == 0 {
 		c.MisfireThreshold = DefaultMisfireThreshold
 	}
@@ -98,23 +84,14 @@ func (c Config) withDefaults(leaseTTL time.Duration) Config {
 // Validate checks c against the lease TTL; keys are reported below section.
 func (c Config) Validate(section string, leaseTTL time.Duration) error {
 	key := func(k string) string { return section + "." + k }
-	var errs []error
-	if c.LeaseKey != "" && !lease.ValidKey(c.LeaseKey) {
-		errs = append(errs, config.Invalid(key("lease_key"), "must be a key-value key: letters, digits, '-', '_', '/', '=' or '.'"))
-	}
+	errs := c.Settings.Validate(key, leaseTTL)
 	for k, d := range map[string]time.Duration{
-		"renew_interval": c.RenewInterval, "acquire_interval": c.AcquireInterval, "misfire_threshold": c.MisfireThreshold,
-		"publish_timeout": c.PublishTimeout, "retry_delay": c.RetryDelay, "lost_run_grace": c.LostRunGrace,
+		"misfire_threshold": c.MisfireThreshold,
+		"publish_timeout":   c.PublishTimeout, "retry_delay": c.RetryDelay, "lost_run_grace": c.LostRunGrace,
 	} {
 		if d < 0 {
 			errs = append(errs, config.Invalid(key(k), "must not be negative, got %s", d))
 		}
-	}
-	if c.RenewInterval > leaseTTL/2 {
-		errs = append(errs, config.Invalid(key("renew_interval"), "must be at most half of topology.lease_ttl (%s), got %s", leaseTTL, c.RenewInterval))
-	}
-	if c.AcquireInterval > leaseTTL {
-		errs = append(errs, config.Invalid(key("acquire_interval"), "must be at most topology.lease_ttl (%s), got %s", leaseTTL, c.AcquireInterval))
 	}
 	if c.MaxBackfill < 0 || c.MaxBackfill > 100_000 {
 		errs = append(errs, config.Invalid(key("max_backfill"), "must be 0 (default %d) to 100000", DefaultMaxBackfill))

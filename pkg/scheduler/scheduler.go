@@ -21,7 +21,6 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/lifecycle"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/service"
-	"github.com/jetfleet/jetfleet/pkg/telemetry"
 
 	_ "time/tzdata" // the zone database, also on images without /usr/share/zoneinfo
 )
@@ -80,12 +79,8 @@ func New(cfg Config, env *service.Env, clk clock.Clock) (*Scheduler, error) {
 	if clk == nil {
 		clk = clock.Real()
 	}
-	logger := env.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
 	s := &Scheduler{cfg: cfg, env: env, clk: clk, realClk: clock.Real(), nc: env.Conn, leaseTTL: ttl,
-		log: logger.With(telemetry.LogComponent, "scheduler"), holder: env.Name + "-" + nuid.Next()}
+		log: env.ComponentLogger("scheduler"), holder: env.Name + "-" + nuid.Next()}
 	// An own JetStream context: a batch of fires keeps many async publishes
 	// in flight.
 	js, err := jetstream.New(env.Conn, jetstream.WithPublishAsyncMaxPending(1<<16), jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout))

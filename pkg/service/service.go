@@ -140,6 +140,16 @@ type Env struct {
 	JetStream jetstream.JetStream
 }
 
+// ComponentLogger is the environment's logger tagged with component (a
+// logger that discards everything when the environment has none, as in
+// some tests).
+func (e *Env) ComponentLogger(component string) *slog.Logger {
+	if e.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return e.Logger.With(telemetry.LogComponent, component)
+}
+
 // LeaseTTL is the topology's leader lease TTL (the default when the
 // environment carries no base configuration, as in tests).
 func (e *Env) LeaseTTL() time.Duration {

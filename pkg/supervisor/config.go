@@ -19,15 +19,9 @@ import (
 // Config is the supervisor section of the configuration (koanf
 // "supervisor"). Zero values mean the documented default.
 type Config struct {
-	// LeaseKey is the key of the leader lease in bucket leases; replicas with
-	// the same key compete for one leadership. Defaults to "supervisor".
-	LeaseKey string `koanf:"lease_key"`
-	// RenewInterval is how often the leader renews its lease. Defaults to a
-	// quarter of topology.lease_ttl; at most half of it.
-	RenewInterval time.Duration `koanf:"renew_interval"`
-	// AcquireInterval is how often a follower tries to take a free lease.
-	// Defaults to a twentieth of topology.lease_ttl.
-	AcquireInterval time.Duration `koanf:"acquire_interval"`
+	// LeaseKey (default "supervisor"), RenewInterval and AcquireInterval:
+	// the leader lease.
+	lease.Settings `koanf:",squash"`
 
 	// MissedHeartbeats is how many heartbeat intervals (each agent's own)
 	// may pass without a heartbeat before the agent is probed and, when it
@@ -222,11 +216,7 @@ func (c Config) withDefaults(leaseTTL time.Duration) Config {
 			*d = v
 		}
 	}
-	if c.LeaseKey == "" {
-		c.LeaseKey = DefaultLeaseKey
-	}
-	def(&c.RenewInterval, leaseTTL/4)
-	def(&c.AcquireInterval, leaseTTL/20)
+	c.Settings = c.Settings.WithDefaults(DefaultLeaseKey, leaseTTL)
 	if c.MissedHeartbeats == 0 {
 		c.MissedHeartbeats = DefaultMissedHeartbeats
 	}
@@ -280,13 +270,10 @@ func (c Config) withDefaults(leaseTTL time.Duration) Config {
 // Validate checks c against the lease TTL; keys are reported below section.
 func (c Config) Validate(section string, leaseTTL time.Duration) error {
 	key := func(k string) string { return section + "." + k }
-	var errs []error
-	if c.LeaseKey != "" && !lease.ValidKey(c.LeaseKey) {
-		errs = append(errs, config.Invalid(key("lease_key"), "must be a key-value key: letters, digits, '-', '_', '/', '=' or '.'"))
-	}
+	errs := c.Settings.Validate(key, leaseTTL)
 	for k, d := range map[string]time.Duration{
-		"renew_interval": c.RenewInterval, "acquire_interval": c.AcquireInterval, "check_interval": c.CheckInterval,
-		"probe_timeout": c.ProbeTimeout, "dead_agent_retention": c.DeadAgentRetention, "deadline_grace": c.DeadlineGrace,
+		"check_interval": c.CheckInterval,
+		"probe_timeout":  c.ProbeTimeout, "dead_agent_retention": c.DeadAgentRetention, "deadline_grace": c.DeadlineGrace,
 		"kill_grace": c.KillGrace, "reconcile_interval": c.ReconcileInterval, "request_timeout": c.RequestTimeout,
 		"history_max_age": c.HistoryMaxAge, "alerts.dedupe_window": c.Alerts.DedupeWindow,
 		"thresholds.failure_window": c.Thresholds.FailureWindow, "thresholds.scheduling_delay": c.Thresholds.SchedulingDelay,
@@ -295,12 +282,6 @@ func (c Config) Validate(section string, leaseTTL time.Duration) error {
 		if d < 0 {
 			errs = append(errs, config.Invalid(key(k), "must not be negative, got %s", d))
 		}
-	}
-	if c.RenewInterval > leaseTTL/2 {
-		errs = append(errs, config.Invalid(key("renew_interval"), "must be at most half of topology.lease_ttl (%s), got %s", leaseTTL, c.RenewInterval))
-	}
-	if c.AcquireInterval > leaseTTL {
-		errs = append(errs, config.Invalid(key("acquire_interval"), "must be at most topology.lease_ttl (%s), got %s", leaseTTL, c.AcquireInterval))
 	}
 	if c.MissedHeartbeats < 0 || c.MissedHeartbeats == 1 {
 		errs = append(errs, config.Invalid(key("missed_heartbeats"), "must be at least 2, got %d", c.MissedHeartbeats))

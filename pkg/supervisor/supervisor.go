@@ -19,7 +19,6 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/lifecycle"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/service"
-	"github.com/jetfleet/jetfleet/pkg/telemetry"
 	"github.com/jetfleet/jetfleet/pkg/topology"
 )
 
@@ -85,12 +84,8 @@ func New(cfg Config, env *service.Env, clk clock.Clock) (*Supervisor, error) {
 	if clk == nil {
 		clk = clock.Real()
 	}
-	logger := env.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
 	s := &Supervisor{cfg: cfg, env: env, clk: clk, nc: env.Conn, leaseTTL: ttl,
-		log: logger.With(telemetry.LogComponent, "supervisor"), holder: env.Name + "-" + nuid.Next()}
+		log: env.ComponentLogger("supervisor"), holder: env.Name + "-" + nuid.Next()}
 	if env.Base != nil {
 		s.topo = env.Base.Topology
 	}
