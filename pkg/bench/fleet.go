@@ -150,6 +150,16 @@ func (f *agentFleet) stop(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// rawPullHeartbeat is the idle heartbeat a raw consumer asks for. Now and
+// then (about 1 run in 30) the server held no request of a raw consumer
+// with jobs pending while nats.go counted one open; nats.go only asks again
+// after two heartbeats go missing, which at its default (15 s) stalled the
+// baseline for 30 s and made that run's ratio meaningless. A lost request
+// now costs about a second (an agent notices one within fetch_max_wait
+// plus 2 s); under load the server sends no idle heartbeats, so nothing
+// else changes.
+const rawPullHeartbeat = 500 * time.Millisecond
+
 // rawFleet is the raw JetStream baseline: K consumers of the same durable
 // pull consumer an agent binds to (same stream, same consumer settings),
 // each on its own connection, each a jetstream.Consume keeping up to C
@@ -253,7 +263,7 @@ func (r *rawFleet) start(ctx context.Context) error {
 			case work <- m:
 			case <-r.stopped:
 			}
-		}, jetstream.PullMaxMessages(r.c))
+		}, jetstream.PullMaxMessages(r.c), jetstream.PullHeartbeat(rawPullHeartbeat))
 		if err != nil {
 			return err
 		}
