@@ -30,6 +30,7 @@ type execution struct {
 	msg      *delivery
 	queue    *queueState
 	seq      uint64
+	parsed   protocol.Job // what the subject and headers say; per-message overrides of the kind's settings
 	parseErr error
 	cancel   context.CancelCauseFunc
 	settled  atomic.Bool
@@ -116,7 +117,7 @@ func (a *Agent) process(q *queueState, msg *delivery, reserved bool) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	now := time.Now()
-	ex := &execution{msg: msg, queue: q, seq: meta.StreamSequence, parseErr: parseErr, cancel: cancel, job: job,
+	ex := &execution{msg: msg, queue: q, seq: meta.StreamSequence, parsed: parsed, parseErr: parseErr, cancel: cancel, job: job,
 		started: now, lastProgress: now, done: make(chan struct{})}
 	defer close(ex.done)
 	if !reserved {
@@ -262,7 +263,7 @@ func (a *Agent) run(ctx context.Context, job *Job) error {
 			fmt.Errorf("no live agent on queue %s runs kind %s", job.Queue, job.Kind))
 	}
 
-	parsed, _ := protocol.ParseJob(ex.msg.Subject(), job.Headers, nil)
+	parsed := ex.parsed
 	maxAttempts := k.retry.MaxAttempts
 	if parsed.MaxAttempts > 0 {
 		maxAttempts = parsed.MaxAttempts

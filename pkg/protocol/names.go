@@ -82,18 +82,21 @@ func ParseDLQSubject(subject string) (queue, kind string, err error) {
 	return parseTwoTokenSubject("dlq", subject)
 }
 
+// parseTwoTokenSubject splits <root>.<queue>.<kind> without allocating:
+// every delivered job goes through it.
 func parseTwoTokenSubject(root, subject string) (queue, kind string, err error) {
-	parts := strings.Split(subject, ".")
-	if len(parts) != 3 || parts[0] != root {
+	rest, rooted := strings.CutPrefix(subject, root+".")
+	queue, kind, split := strings.Cut(rest, ".")
+	if !rooted || !split || strings.Contains(kind, ".") {
 		return "", "", fmt.Errorf("subject %q is not of the form %s.<queue>.<kind>", subject, root)
 	}
-	if err := ValidateToken("queue", parts[1]); err != nil {
+	if err := ValidateToken("queue", queue); err != nil {
 		return "", "", err
 	}
-	if err := ValidateToken("kind", parts[2]); err != nil {
+	if err := ValidateToken("kind", kind); err != nil {
 		return "", "", err
 	}
-	return parts[1], parts[2], nil
+	return queue, kind, nil
 }
 
 // JobEventSubject is where an event of type eventType about a job is

@@ -204,6 +204,19 @@ func TestSubjects(t *testing.T) {
 	assert.Equal(t, `-NAK {"delay": 1500000000}`, protocol.NakWithDelayBody(1500*time.Millisecond))
 }
 
+func TestParseJobSubject(t *testing.T) {
+	q, k, err := protocol.ParseJobSubject(protocol.JobSubject("default", "send_email"))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"default", "send_email"}, []string{q, k})
+	for _, bad := range []string{"", "jobs", "jobs.", "jobs.default", "jobs.default.", "jobs..echo", "jobs.a.b.c",
+		"jobsx.default.echo", "dlq.default.echo", "jobs.default.e*", ".jobs.default.echo"} {
+		_, _, err := protocol.ParseJobSubject(bad)
+		assert.Error(t, err, "%q", bad)
+	}
+	allocs := testing.AllocsPerRun(100, func() { _, _, _ = protocol.ParseJobSubject("jobs.default.send_email") })
+	assert.Zero(t, allocs, "every delivered job is parsed: no allocation")
+}
+
 func TestValidateToken(t *testing.T) {
 	for _, ok := range []string{"a", "default", "Order_Kind-2", strings.Repeat("x", 128)} {
 		assert.NoError(t, protocol.ValidateToken("queue", ok), "%q", ok)
