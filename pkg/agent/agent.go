@@ -196,7 +196,7 @@ func (a *Agent) Start(ctx context.Context) error {
 		a.queues = append(a.queues, &queueState{name: q, ackWait: cons.CachedInfo().Config.AckWait})
 	}
 	a.fleet = newFleetView(a.agentsKV, a.cfg.ID, a.logger)
-	if err := a.fleet.start(runCtx, &a.runner); err != nil {
+	if err := a.fleet.start(ctx, runCtx, &a.runner); err != nil {
 		return fmt.Errorf("agent: watch agents: %w", err)
 	}
 	if a.recorder, err = newRecorder(a.nc, a.logger); err != nil {

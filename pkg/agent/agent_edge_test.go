@@ -21,10 +21,12 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/topology"
 )
 
-// register puts a fresh registration for a (fake) live agent in the agents bucket.
+// register puts a fresh registration for a (fake) live agent in the agents
+// bucket. Its heartbeat interval is long, so it stays live however slowly
+// the test's agent starts.
 func register(t *testing.T, f *fixture, hb *jetfleetpb.Heartbeat) {
 	t.Helper()
-	hb.SentAt, hb.Interval = timestamppb.Now(), durationpb.New(time.Second)
+	hb.SentAt, hb.Interval = timestamppb.Now(), durationpb.New(20*time.Second)
 	data, err := protocol.Marshal(hb)
 	require.NoError(t, err)
 	kv, err := f.js.KeyValue(fleettest.Ctx(t, 5*time.Second), protocol.BucketAgents)
@@ -37,10 +39,12 @@ func TestKindRunByAnotherLiveAgentIsPassedOn(t *testing.T) {
 	t.Parallel()
 	f := setup(t, topology.Config{})
 	register(t, f, &jetfleetpb.Heartbeat{AgentId: "resizer", Queues: []string{"default"}, Kinds: []string{"resize"}})
+	// Waiting before the agent starts, the job is its first delivery: the
+	// agent must already know who is live when it pulls.
+	fleettest.Publish(t, f.js, protocol.Job{ID: "r-1", Queue: "default", Kind: "resize"})
 	f.startAgent(t, agent.Config{ID: "mailer"}, func(a *agent.Agent) {
 		must(t, a.Register("send-email", func(context.Context, *agent.Job) error { return nil }, agent.KindOptions{}))
 	})
-	fleettest.Publish(t, f.js, protocol.Job{ID: "r-1", Queue: "default", Kind: "resize"})
 	released := f.events.WaitFor(t, 10*time.Second, "r-1", protocol.EventReleased)
 	assert.Equal(t, "mailer", released.GetAgentId())
 	assert.Contains(t, released.GetReason(), "run by agent resizer")

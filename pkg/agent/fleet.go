@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -44,22 +46,47 @@ func newFleetView(kv jetstream.KeyValue, self string, logger *slog.Logger) *flee
 	return &fleetView{kv: kv, self: self, logger: logger, agents: map[string]registration{}}
 }
 
-// start watches the bucket on a goroutine of runner, until ctx ends.
-func (f *fleetView) start(ctx context.Context, runner *lifecycle.Runner) error {
-	w, err := f.kv.WatchAll(ctx)
+// start loads the registrations already in the bucket (while ctx allows),
+// then watches for changes on a goroutine of runner until runCtx ends. It
+// returns only once the initial values are in: a job delivered right after
+// the agent starts must see the agents that were live before it.
+func (f *fleetView) start(ctx, runCtx context.Context, runner *lifecycle.Runner) error {
+	w, err := f.kv.WatchAll(runCtx)
 	if err != nil {
+		return err
+	}
+	if err := f.loadInitial(ctx, w); err != nil {
+		_ = w.Stop()
 		return err
 	}
 	runner.Go(func(context.Context) {
 		defer func() { _ = w.Stop() }()
 		for entry := range w.Updates() {
-			if entry == nil {
-				continue // end of the initial values
+			if entry != nil {
+				f.apply(entry)
 			}
-			f.apply(entry)
 		}
 	})
 	return nil
+}
+
+// loadInitial applies the watcher's initial values, up to the nil entry
+// that marks their end.
+func (f *fleetView) loadInitial(ctx context.Context, w jetstream.KeyWatcher) error {
+	for {
+		select {
+		case entry, ok := <-w.Updates():
+			if !ok {
+				return errors.New("agents bucket watch closed while loading")
+			}
+			if entry == nil {
+				return nil
+			}
+			f.apply(entry)
+		case <-ctx.Done():
+			return fmt.Errorf("loading agents bucket: %w", ctx.Err())
+		}
+	}
 }
 
 func (f *fleetView) apply(entry jetstream.KeyValueEntry) {
