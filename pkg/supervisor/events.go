@@ -91,10 +91,13 @@ func (s *Supervisor) handleEvents(ctx context.Context, msgs []jetstream.Msg) (in
 	}
 	// Records already written are stored even when leadership was just
 	// lost: their events are acked, not read again.
+	if errors.Is(failed, errHistoryNotStored) {
+		return 0, failed
+	}
 	fctx, cancel := s.requestCtx(context.WithoutCancel(ctx))
 	defer cancel()
 	if err := s.history.flush(fctx); err != nil {
-		return 0, fmt.Errorf("history records not stored: %w", err)
+		return 0, fmt.Errorf("%w: %w", errHistoryNotStored, err)
 	}
 	return done, failed
 }
@@ -214,20 +217,36 @@ func (s *Supervisor) handleJobEvent(ctx context.Context, ev *jetfleetpb.JobEvent
 	if err != nil {
 		return err
 	}
-	if sched != nil && sched.GetEventSequence() == seq {
-		s.checkSchedulePause(ctx, ev, sched)
+	if sched != nil && sched.GetEventSequence() == seq && s.schedulePauseDue(ev, sched) {
+		// The pause follows the stored streak: whoever sees the schedule
+		// paused finds in its history the runs that paused it.
+		fctx, cancel := s.requestCtx(context.WithoutCancel(ctx))
+		defer cancel()
+		if err := s.history.flush(fctx); err != nil {
+			return fmt.Errorf("%w: %w", errHistoryNotStored, err)
+		}
+		s.pauseSchedule(ctx, ev, sched)
 	}
 	return nil
 }
 
-// checkSchedulePause pauses a schedule whose runs ended dead
-// pause_schedule_after times in a row (and again after as many more).
-func (s *Supervisor) checkSchedulePause(ctx context.Context, ev *jetfleetpb.JobEvent, rec *jetfleetpb.Execution) {
+// errHistoryNotStored: some history records written since the last flush
+// may be missing, so none of their events may be acked.
+var errHistoryNotStored = errors.New("history records not stored")
+
+// schedulePauseDue tells whether a schedule's runs ended dead
+// pause_schedule_after times in a row (or again as many more).
+func (s *Supervisor) schedulePauseDue(ev *jetfleetpb.JobEvent, rec *jetfleetpb.Execution) bool {
 	n := s.cfg.policyFor(ev.GetKind(), ev.GetScheduleId()).PauseScheduleAfter
 	failures := int(rec.GetConsecutiveFailures())
-	if n <= 0 || rec.GetStatus() != protocol.EventDead || failures < n || failures%n != 0 {
-		return
-	}
+	return n > 0 && rec.GetStatus() == protocol.EventDead && failures >= n && failures%n == 0
+}
+
+// pauseSchedule pauses the schedule of the run rec, which ended its
+// failure streak, through the scheduler, and raises an alert.
+func (s *Supervisor) pauseSchedule(ctx context.Context, ev *jetfleetpb.JobEvent, rec *jetfleetpb.Execution) {
+	n := s.cfg.policyFor(ev.GetKind(), ev.GetScheduleId()).PauseScheduleAfter
+	failures := int(rec.GetConsecutiveFailures())
 	id := ev.GetScheduleId()
 	note := fmt.Sprintf("auto-paused by the supervisor after %d failed runs in a row (last: job %s, %s)", failures, ev.GetJobId(), ev.GetReason())
 	rctx, cancel := s.requestCtx(ctx)
