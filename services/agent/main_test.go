@@ -27,6 +27,7 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
 	"github.com/jetfleet/jetfleet/pkg/natstest"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 	"github.com/jetfleet/jetfleet/pkg/topology"
 )
 
@@ -248,6 +249,13 @@ func TestSIGKILLedAgentsJobsCompleteElsewhereAfterAckWait(t *testing.T) {
 	for range jobs {
 		programs = append(programs, pids.next(t))
 	}
+	// The started events go out asynchronously: wait for them before the
+	// kill, or a killed agent may take them along.
+	started := map[string]*jetfleetpb.JobEvent{}
+	for _, id := range jobs {
+		started[id] = events.WaitFor(t, 30*time.Second, id, protocol.EventStarted)
+		require.Equal(t, "doomed", started[id].GetAgentId())
+	}
 	require.NoError(t, first.cmd.Process.Signal(syscall.SIGKILL))
 	killed := time.Now()
 	assert.ErrorContains(t, first.wait(t, 10*time.Second), "signal: killed")
@@ -261,13 +269,11 @@ func TestSIGKILLedAgentsJobsCompleteElsewhereAfterAckWait(t *testing.T) {
 
 	startAgent(t, srv, nc, ackWait, "rescuer", finishJobs)
 	for _, id := range jobs {
-		started := events.WaitFor(t, 30*time.Second, id, protocol.EventStarted) // on the killed agent
-		require.Equal(t, "doomed", started.GetAgentId())
 		ev := events.WaitFor(t, 30*time.Second, id, protocol.EventSucceeded)
 		assert.Equal(t, "rescuer", ev.GetAgentId(), id)
 		assert.Equal(t, uint64(2), ev.GetDelivered(), "%s: redelivered once", id)
 		// Started right after the first delivery; redelivered AckWait after it.
-		assert.GreaterOrEqual(t, ev.GetTime().AsTime().Sub(started.GetTime().AsTime()), ackWait-250*time.Millisecond,
+		assert.GreaterOrEqual(t, ev.GetTime().AsTime().Sub(started[id].GetTime().AsTime()), ackWait-250*time.Millisecond,
 			"%s: JetStream redelivered it after AckWait", id)
 	}
 	assert.Equal(t, "rescuer", events.WaitFor(t, 30*time.Second, "k-3", protocol.EventSucceeded).GetAgentId())
