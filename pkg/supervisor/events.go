@@ -89,11 +89,11 @@ func (s *Supervisor) handleEvents(ctx context.Context, msgs []jetstream.Msg) (in
 		}
 		done++
 	}
-	// Records already written are stored even when leadership was just
-	// lost: their events are acked, not read again.
 	if errors.Is(failed, errHistoryNotStored) {
 		return 0, failed
 	}
+	// Records already written are stored even when leadership was just
+	// lost: their events are acked, not read again.
 	fctx, cancel := s.requestCtx(context.WithoutCancel(ctx))
 	defer cancel()
 	if err := s.history.flush(fctx); err != nil {
