@@ -611,7 +611,9 @@ func TestGracefulStopHandsBackRunningJobsAtOnce(t *testing.T) {
 		}, agent.KindOptions{}))
 	})
 
-	stopCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	// The grace leaves Stop a second to hand back, flush and deregister,
+	// however loaded the machine.
+	stopCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	stopped := time.Now()
 	require.NoError(t, first.Stop(stopCtx))

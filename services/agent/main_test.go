@@ -100,7 +100,7 @@ topology:
 telemetry:
   http_addr: ""
   log_level: debug
-shutdown_grace: 5s
+shutdown_grace: 10s
 agent:
   id: %s
   heartbeat_interval: 200ms
@@ -272,8 +272,9 @@ func TestSIGKILLedAgentsJobsCompleteElsewhereAfterAckWait(t *testing.T) {
 		ev := events.WaitFor(t, 30*time.Second, id, protocol.EventSucceeded)
 		assert.Equal(t, "rescuer", ev.GetAgentId(), id)
 		assert.Equal(t, uint64(2), ev.GetDelivered(), "%s: redelivered once", id)
-		// Started right after the first delivery; redelivered AckWait after it.
-		assert.GreaterOrEqual(t, ev.GetTime().AsTime().Sub(started[id].GetTime().AsTime()), ackWait-250*time.Millisecond,
+		// Started soon after the first delivery (a second of slack for a
+		// loaded machine); redelivered AckWait after it, not at once.
+		assert.GreaterOrEqual(t, ev.GetTime().AsTime().Sub(started[id].GetTime().AsTime()), ackWait-time.Second,
 			"%s: JetStream redelivered it after AckWait", id)
 	}
 	assert.Equal(t, "rescuer", events.WaitFor(t, 30*time.Second, "k-3", protocol.EventSucceeded).GetAgentId())
@@ -296,8 +297,9 @@ func TestSIGTERMedAgentHandsJobsBackAtOnce(t *testing.T) {
 	startAgent(t, srv, nc, ackWait, "staying", finishJobs)
 	require.NoError(t, first.cmd.Process.Signal(syscall.SIGTERM))
 	stopped := time.Now()
-	// The program ignores SIGTERM and never ends: it outlives the 5s
+	// The program ignores SIGTERM and never ends: it outlives the 10s
 	// shutdown grace; the agent kills it, hands the job back and exits cleanly.
+	// (The grace leaves the kill a second to settle, however loaded the machine.)
 	require.NoError(t, first.wait(t, 30*time.Second), "the agent exits 0 after a graceful stop")
 	assert.False(t, alive(program), "the program does not outlive its agent")
 
@@ -310,8 +312,8 @@ func TestSIGTERMedAgentHandsJobsBackAtOnce(t *testing.T) {
 	t.Logf("hand-back to completion elsewhere: %s", handOver.Round(time.Millisecond))
 	assert.Equal(t, "staying", ev.GetAgentId())
 	assert.Equal(t, uint32(1), ev.GetAttempt(), "a hand-back spends no attempt")
-	assert.Less(t, took, 15*time.Second, "redelivered at once (shutdown grace 5s), not after AckWait (%s)", ackWait)
-	t.Logf("job completed on the other agent %s after SIGTERM (shutdown grace 5s, AckWait %s)", took.Round(time.Millisecond), ackWait)
+	assert.Less(t, took, 20*time.Second, "redelivered at once (shutdown grace 10s), not after AckWait (%s)", ackWait)
+	t.Logf("job completed on the other agent %s after SIGTERM (shutdown grace 10s, AckWait %s)", took.Round(time.Millisecond), ackWait)
 	fleettest.WaitStreamMsgs(t, env.JetStream, protocol.StreamJobs, 0, 10*time.Second) // acked after its event
 	var types []string
 	for _, e := range events.All() {

@@ -98,6 +98,8 @@ func TestSupervisorCommands(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, out, "was replayed before")
 
+	// Seen on its subject, the event may not be stored yet: jobs get reads the stream.
+	fleettest.WaitLatestEvent(t, supEnv.JetStream, "inv-1", protocol.EventSucceeded, 10*time.Second)
 	out, err = cli("jobs", "get", "inv-1")
 	require.NoError(t, err)
 	assert.Contains(t, out, `"type": "succeeded"`)
@@ -106,9 +108,12 @@ func TestSupervisorCommands(t *testing.T) {
 		return err == nil && strings.Contains(out, "2 executions: 1 succeeded, 1 dead")
 	}, 10*time.Second, 20*time.Millisecond)
 	assert.Contains(t, out, "dead (non_retryable)")
-	out, err = cli("jobs", "ls")
-	require.NoError(t, err)
-	assert.Contains(t, out, "no running jobs")
+	// Running jobs are what the agent's latest heartbeat lists: the one
+	// after the job ended may be a heartbeat interval away.
+	require.Eventually(t, func() bool {
+		out, err = cli("jobs", "ls")
+		return err == nil && strings.Contains(out, "no running jobs")
+	}, 10*time.Second, 20*time.Millisecond, "jobs ls lists no running job")
 	out, err = cli("agents", "ls")
 	require.NoError(t, err)
 	assert.Contains(t, out, "cli-agent")

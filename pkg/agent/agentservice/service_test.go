@@ -115,7 +115,9 @@ handlers:
 	pid, err := strconv.Atoi(strings.TrimSpace(readPipe(t, ready)))
 	require.NoError(t, err)
 	require.True(t, alive(pid))
-	stopCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	// A 10 s grace leaves the program's SIGKILL (half a second after the
+	// hand-back begins) a second to settle, however loaded the machine.
+	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	stopped = true
 	require.NoError(t, s.Stop(stopCtx))
