@@ -217,7 +217,8 @@ func (s *Supervisor) handleJobEvent(ctx context.Context, ev *jetfleetpb.JobEvent
 	if err != nil {
 		return err
 	}
-	if sched != nil && sched.GetEventSequence() == seq && s.schedulePauseDue(ev, sched) {
+	pauseAfter := s.cfg.policyFor(ev.GetKind(), ev.GetScheduleId()).PauseScheduleAfter
+	if sched != nil && sched.GetEventSequence() == seq && pauseDue(sched, pauseAfter) {
 		// The pause follows the stored streak: whoever sees the schedule
 		// paused finds in its history the runs that paused it.
 		fctx, cancel := s.requestCtx(context.WithoutCancel(ctx))
@@ -225,7 +226,7 @@ func (s *Supervisor) handleJobEvent(ctx context.Context, ev *jetfleetpb.JobEvent
 		if err := s.history.flush(fctx); err != nil {
 			return fmt.Errorf("%w: %w", errHistoryNotStored, err)
 		}
-		s.pauseSchedule(ctx, ev, sched)
+		s.pauseSchedule(ctx, ev, int(sched.GetConsecutiveFailures()), pauseAfter)
 	}
 	return nil
 }
@@ -234,19 +235,17 @@ func (s *Supervisor) handleJobEvent(ctx context.Context, ev *jetfleetpb.JobEvent
 // may be missing, so none of their events may be acked.
 var errHistoryNotStored = errors.New("history records not stored")
 
-// schedulePauseDue tells whether a schedule's runs ended dead
-// pause_schedule_after times in a row (or again as many more).
-func (s *Supervisor) schedulePauseDue(ev *jetfleetpb.JobEvent, rec *jetfleetpb.Execution) bool {
-	n := s.cfg.policyFor(ev.GetKind(), ev.GetScheduleId()).PauseScheduleAfter
+// pauseDue tells whether the schedule record rec ends n dead runs in a row
+// (pause_schedule_after), or again as many more.
+func pauseDue(rec *jetfleetpb.Execution, n int) bool {
 	failures := int(rec.GetConsecutiveFailures())
 	return n > 0 && rec.GetStatus() == protocol.EventDead && failures >= n && failures%n == 0
 }
 
-// pauseSchedule pauses the schedule of the run rec, which ended its
-// failure streak, through the scheduler, and raises an alert.
-func (s *Supervisor) pauseSchedule(ctx context.Context, ev *jetfleetpb.JobEvent, rec *jetfleetpb.Execution) {
-	n := s.cfg.policyFor(ev.GetKind(), ev.GetScheduleId()).PauseScheduleAfter
-	failures := int(rec.GetConsecutiveFailures())
+// pauseSchedule pauses the schedule of ev's run, the last of failures dead
+// runs in a row (n is pause_schedule_after), through the scheduler, and
+// raises an alert.
+func (s *Supervisor) pauseSchedule(ctx context.Context, ev *jetfleetpb.JobEvent, failures, n int) {
 	id := ev.GetScheduleId()
 	note := fmt.Sprintf("auto-paused by the supervisor after %d failed runs in a row (last: job %s, %s)", failures, ev.GetJobId(), ev.GetReason())
 	rctx, cancel := s.requestCtx(ctx)
