@@ -47,6 +47,7 @@ type Agent struct {
 	queues   []*queueState
 	pullers  []*puller
 	work     chan work // to idle workers
+	replies  *replies  // answers to events and acks, awaited without blocking
 	recorder *recorder
 	events   jetstream.Stream // EVENTS, to read a job's events
 	agentsKV jetstream.KeyValue
@@ -199,9 +200,11 @@ func (a *Agent) Start(ctx context.Context) error {
 	if err := a.fleet.start(ctx, runCtx, &a.runner); err != nil {
 		return fmt.Errorf("agent: watch agents: %w", err)
 	}
-	if a.recorder, err = newRecorder(a.nc, a.logger); err != nil {
+	if a.replies, err = newReplies(a.nc, asyncTimeout); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
+	a.runner.Go(a.replies.expireLoop)
+	a.recorder = newRecorder(a.js, a.replies, a.logger)
 	if a.control, err = a.nc.Subscribe(protocol.ControlSubject(a.cfg.ID), a.handleControl); err != nil {
 		return fmt.Errorf("agent: control subject: %w", err)
 	}
@@ -266,12 +269,15 @@ func (a *Agent) Stop(ctx context.Context) error {
 	}
 
 	_ = a.control.Unsubscribe()
-	flushErr := a.recorder.flush(ctx)
+	// Events and ack confirmations are awaited while the expiry of
+	// unanswered ones still runs (on the runner).
+	flushErr := errors.Join(a.recorder.flush(ctx), a.replies.wait(ctx))
 	stopErr := a.runner.Stop(ctx) // heartbeats end here, before the registration goes
 	if err := a.agentsKV.Delete(ctx, a.cfg.ID); err != nil {
 		a.logger.Warn("agent registration not removed; its TTL drops it", telemetry.LogError, err)
 	}
 	a.recorder.close(ctx)
+	a.replies.close()
 	a.logger.Info("agent stopped")
 	return errors.Join(flushErr, stopErr)
 }

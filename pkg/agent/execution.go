@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -27,6 +28,7 @@ const invalidKind = "_invalid"
 
 // execution is one delivery of a job on this agent.
 type execution struct {
+	agent    *Agent
 	msg      *delivery
 	queue    *queueState
 	seq      uint64
@@ -36,7 +38,9 @@ type execution struct {
 	settled  atomic.Bool
 	slot     sync.Once     // gives the execution's slot back once
 	done     chan struct{} // closed when the execution's goroutine is finished
-	job      *Job
+	job      *Job          // &jobData
+	jobData  Job
+	output   OutputTail
 	// snoozes counts earlier deliveries that spent no attempt.
 	snoozes uint32
 	// startedEvent is set once the started event is published.
@@ -88,8 +92,6 @@ func (ex *execution) inFlight() *jetfleetpb.InFlightJob {
 	return j
 }
 
-type executionKey struct{}
-
 // process runs one delivered message through the agent's execution chain.
 func (a *Agent) process(q *queueState, msg *delivery, reserved bool) {
 	if msg.err != nil {
@@ -107,24 +109,26 @@ func (a *Agent) process(q *queueState, msg *delivery, reserved bool) {
 	if parsed.Queue == "" {
 		parsed.Queue, parsed.Kind = q.name, invalidKind
 	}
-	job := &Job{
-		ID: parsed.ID, Queue: parsed.Queue, Kind: parsed.Kind, Payload: msg.Data(), Headers: msg.Headers(),
-		ScheduleID: parsed.ScheduleID, NominalTime: parsed.NominalTime, ReplayedFrom: parsed.ReplayedFrom,
-		StreamSequence: meta.StreamSequence, Delivered: meta.Delivered,
-		output: NewOutputTail(int(a.cfg.OutputTail)), registered: a.kinds[parsed.Kind] != nil,
-	}
-
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	now := time.Now()
-	ex := &execution{msg: msg, queue: q, seq: meta.StreamSequence, parsed: parsed, parseErr: parseErr, cancel: cancel, job: job,
+	// The execution, its job and the job's output are one allocation.
+	ex := &execution{agent: a, msg: msg, queue: q, seq: meta.StreamSequence, parsed: parsed, parseErr: parseErr, cancel: cancel,
 		started: now, lastProgress: now, done: make(chan struct{})}
+	ex.output.init(int(a.cfg.OutputTail))
+	ex.jobData = Job{
+		ID: parsed.ID, Queue: parsed.Queue, Kind: parsed.Kind, Payload: msg.Data(), Headers: msg.Headers(),
+		ScheduleID: parsed.ScheduleID, NominalTime: parsed.NominalTime, ReplayedFrom: parsed.ReplayedFrom,
+		StreamSequence: meta.StreamSequence, Delivered: meta.Delivered,
+		ex: ex, output: &ex.output, registered: a.kinds[parsed.Kind] != nil,
+	}
+	job := &ex.jobData
+	ex.job = job
 	defer close(ex.done)
 	if !reserved {
 		ex.slot.Do(func() {}) // no slot to give back
 	}
 	defer a.freeSlot(ex)
-	job.progress = ex.progress
 	a.track(ex)
 	defer a.untrack(ex)
 	a.kickHeartbeat()
@@ -133,8 +137,7 @@ func (a *Agent) process(q *queueState, msg *delivery, reserved bool) {
 		// Delivered while a stopping agent hands jobs back: do not start it.
 		ex.cancel(errReleased)
 	}
-	ctx = context.WithValue(WithJob(ctx, job), executionKey{}, ex)
-	_ = a.execute(ctx, job) // the outcome is settled inside; the error is for the middleware
+	_ = a.execute(WithJob(ctx, job), job) // the outcome is settled inside; the error is for the middleware
 }
 
 // freeSlot gives the execution's agent slot back, once.
@@ -206,7 +209,7 @@ func (a *Agent) publishStarted(ex *execution) {
 // it checks the message, reads what earlier deliveries left, runs the kind's
 // handler chain and settles the outcome.
 func (a *Agent) run(ctx context.Context, job *Job) error {
-	ex := ctx.Value(executionKey{}).(*execution)
+	ex := job.ex
 	if errors.Is(context.Cause(ctx), errReleased) {
 		if ex.claim() {
 			a.release(ctx, ex)
@@ -343,11 +346,7 @@ func (a *Agent) settle(ctx context.Context, ex *execution, v verdict, err error,
 		// The event goes out first: if the ack is lost, the redelivery finds
 		// "succeeded" and is acked without running again.
 		a.recorder.event(ev)
-		ackCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if ackErr := ex.msg.DoubleAck(ackCtx); ackErr != nil {
-			a.logger.Warn("ack not confirmed; a redelivery will be skipped", telemetry.LogJobID, job.ID, telemetry.LogError, ackErr)
-		}
+		a.ack(ex)
 	case actRetry:
 		ev.RetryIn = durationpb.New(v.delay)
 		a.recorder.event(ev)
@@ -359,6 +358,27 @@ func (a *Agent) settle(ctx context.Context, ex *execution, v verdict, err error,
 		a.handBack(ctx, ex, ev, v.delay)
 	case actRelease:
 		a.release(ctx, ex)
+	}
+}
+
+// ack acks the job's message as a request, so the server confirms it
+// stored the ack (a double ack); the confirmation is checked as it arrives,
+// without holding the job's goroutine (see replies).
+func (a *Agent) ack(ex *execution) {
+	msg := &nats.Msg{Subject: ex.msg.Reply(), Data: ackBody}
+	if err := a.replies.send(msg, (*unconfirmedAck)(ex)); err != nil {
+		a.logger.Warn("ack not sent; JetStream delivers the job again and the redelivery is skipped", telemetry.LogJobID, ex.job.ID, telemetry.LogError, err)
+	}
+}
+
+var ackBody = []byte(protocol.AckBody)
+
+// unconfirmedAck is an execution whose ack awaits the server's confirmation.
+type unconfirmedAck execution
+
+func (u *unconfirmedAck) answered(_ []byte, err error) {
+	if err != nil {
+		u.agent.logger.Warn("ack not confirmed; a redelivery will be skipped", telemetry.LogJobID, u.job.ID, telemetry.LogError, err)
 	}
 }
 
@@ -408,11 +428,7 @@ func (a *Agent) skipDuplicate(ctx context.Context, ex *execution) error {
 	ev := a.event(ex, protocol.EventSkippedDuplicate)
 	ev.Reason = "an earlier delivery already succeeded"
 	a.recorder.event(ev)
-	ackCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	if err := ex.msg.DoubleAck(ackCtx); err != nil {
-		a.logger.Warn("ack of a duplicate not confirmed", telemetry.LogJobID, ex.job.ID, telemetry.LogError, err)
-	}
+	a.ack(ex)
 	return nil
 }
 

@@ -34,8 +34,8 @@ type Job struct {
 	// TraceID of the execution span, once the Tracing middleware started it.
 	TraceID string
 
-	progress func() error
-	output   *OutputTail
+	ex     *execution // nil outside an agent (a handler called by a test)
+	output *OutputTail
 	// outcome and errorCode are set once the attempt is settled, for the
 	// middleware around the execution.
 	outcome   string
@@ -80,8 +80,8 @@ func JobFrom(ctx context.Context) *Job {
 // not redelivered. The agent already does this every AckWait/3; call it to
 // report progress sooner. It is a no-op outside a handler.
 func Progress(ctx context.Context) error {
-	if j := JobFrom(ctx); j != nil && j.progress != nil {
-		return j.progress()
+	if j := JobFrom(ctx); j != nil && j.ex != nil {
+		return j.ex.progress()
 	}
 	return nil
 }

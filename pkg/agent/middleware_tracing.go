@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -19,26 +18,29 @@ const TracerName = "github.com/jetfleet/jetfleet/pkg/agent"
 // the scheduler's) span and the execution are one trace.
 func Tracing(tp trace.TracerProvider) Middleware {
 	tracer := tp.Tracer(TracerName)
+	startOptions := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
 	return func(next Handler) Handler {
 		return func(ctx context.Context, job *Job) error {
 			ctx = telemetry.Extract(ctx, job.Headers)
-			ctx, span := tracer.Start(ctx, "agent.execute "+job.Kind,
-				trace.WithSpanKind(trace.SpanKindConsumer),
-				trace.WithAttributes(
-					attribute.String("messaging.system", "nats"),
-					attribute.String("messaging.destination.name", "jobs."+job.Queue+"."+job.Kind),
-					attribute.String("jetfleet.job_id", job.ID),
-					attribute.String("jetfleet.queue", job.Queue),
-					attribute.String("jetfleet.kind", job.Kind),
-					attribute.Int64("jetfleet.stream_sequence", int64(job.StreamSequence)),
-					attribute.Int64("jetfleet.delivered", int64(job.Delivered)),
-				))
+			ctx, span := tracer.Start(ctx, "agent.execute "+job.Kind, startOptions...)
 			defer span.End()
 			job.TraceID = span.SpanContext().TraceID().String()
 			err := next(ctx, job)
-			span.SetAttributes(attribute.String("jetfleet.outcome", job.Outcome()), attribute.Int("jetfleet.attempt", job.Attempt))
-			var snooze *SnoozeError
-			if err != nil && !errors.As(err, &snooze) {
+			// Set once, at the end, when outcome and attempt are known: the
+			// SDK sizes the attribute slice for the first set and copies it
+			// for every later one, and exporters read attributes at End.
+			span.SetAttributes(
+				attribute.String("messaging.system", "nats"),
+				attribute.String("messaging.destination.name", "jobs."+job.Queue+"."+job.Kind),
+				attribute.String("jetfleet.job_id", job.ID),
+				attribute.String("jetfleet.queue", job.Queue),
+				attribute.String("jetfleet.kind", job.Kind),
+				attribute.Int64("jetfleet.stream_sequence", int64(job.StreamSequence)),
+				attribute.Int64("jetfleet.delivered", int64(job.Delivered)),
+				attribute.String("jetfleet.outcome", job.Outcome()),
+				attribute.Int("jetfleet.attempt", job.Attempt),
+			)
+			if err != nil && !isType[*SnoozeError](err) {
 				span.RecordError(err)
 				span.SetStatus(codes.Error, job.Outcome())
 			}

@@ -125,44 +125,44 @@ type verdict struct {
 // this delivery; delay computes the policy's backoff for a retry; ctxErr
 // is the cause the job's context was cancelled with, if any.
 func decide(err error, attempt, maxAttempts int, policy RetryPolicy, backoff func() time.Duration, cause error) verdict {
-	var (
-		snooze *SnoozeError
-		retry  *RetryError
-		nonRet *NonRetryableError
-		cancel *CancelError
-		malf   *MalformedError
-		cmd    *cancelCommandError
-		tcmd   *timeoutCommandError
-		timeo  *TimeoutError
-		pan    *PanicError
-	)
-	switch {
-	case errors.Is(cause, errReleased):
+	// Cheap cases first: a succeeded job pays for no error inspection.
+	if errors.Is(cause, errReleased) {
 		return verdict{action: actRelease, event: protocol.EventReleased}
-	case err == nil:
+	}
+	if err == nil {
 		return verdict{action: actAck, event: protocol.EventSucceeded}
-	case errors.As(err, &snooze):
+	}
+	if snooze, ok := errors.AsType[*SnoozeError](err); ok {
 		return verdict{action: actSnooze, delay: snooze.Delay, event: protocol.EventSnoozed}
-	case errors.As(cause, &cmd), errors.As(err, &cancel):
+	}
+	if isType[*cancelCommandError](cause) || isType[*CancelError](err) {
 		return verdict{action: actDeadLetter, reason: protocol.ReasonCancelled, code: protocol.CodeCancelled, event: protocol.EventCancelled}
-	case errors.As(err, &malf):
+	}
+	if isType[*MalformedError](err) {
 		return verdict{action: actDeadLetter, reason: protocol.ReasonMalformedPayload, code: protocol.CodeMalformedPayload, event: protocol.EventFailed}
-	case errors.As(err, &nonRet) || policy.isNonRetryable(err):
+	}
+	if isType[*NonRetryableError](err) || policy.isNonRetryable(err) {
 		return verdict{action: actDeadLetter, reason: protocol.ReasonNonRetryable, code: protocol.CodeNonRetryable, event: protocol.EventFailed}
 	}
 	code := protocol.CodeHandlerError
 	switch {
-	case errors.As(err, &timeo), errors.Is(err, context.DeadlineExceeded), errors.As(cause, &tcmd):
+	case isType[*TimeoutError](err), errors.Is(err, context.DeadlineExceeded), isType[*timeoutCommandError](cause):
 		code = protocol.CodeTimeout
-	case errors.As(err, &pan):
+	case isType[*PanicError](err):
 		code = protocol.CodePanic
 	}
 	if attempt >= maxAttempts {
 		return verdict{action: actDeadLetter, reason: protocol.ReasonMaxAttempts, code: code, event: protocol.EventFailed}
 	}
 	d := backoff()
-	if errors.As(err, &retry) {
+	if retry, ok := errors.AsType[*RetryError](err); ok {
 		d = retry.Delay
 	}
 	return verdict{action: actRetry, delay: d, code: code, event: protocol.EventRetrying}
+}
+
+// isType reports whether err's tree holds an error of type E.
+func isType[E error](err error) bool {
+	_, ok := errors.AsType[E](err)
+	return ok
 }

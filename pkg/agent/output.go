@@ -25,10 +25,16 @@ type OutputTail struct {
 
 // NewOutputTail keeps the last limit bytes.
 func NewOutputTail(limit int) *OutputTail {
+	o := &OutputTail{}
+	o.init(limit)
+	return o
+}
+
+func (o *OutputTail) init(limit int) {
 	if limit <= 0 {
 		limit = DefaultOutputTail
 	}
-	return &OutputTail{limit: limit}
+	o.limit = limit
 }
 
 // Write implements io.Writer; it never fails.

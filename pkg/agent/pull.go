@@ -262,15 +262,6 @@ func (d *delivery) Reply() string        { return d.msg.Reply }
 func (d *delivery) Data() []byte         { return d.msg.Data }
 func (d *delivery) Headers() nats.Header { return d.msg.Header }
 
-// DoubleAck acks and waits for the server to confirm it stored the ack.
-func (d *delivery) DoubleAck(ctx context.Context) error {
-	_, err := d.nc.RequestWithContext(ctx, d.msg.Reply, []byte(protocol.AckBody))
-	if err != nil {
-		return fmt.Errorf("ack: %w", err)
-	}
-	return nil
-}
-
 func (d *delivery) Nak() error { return d.respond(protocol.NakBody) }
 
 func (d *delivery) NakWithDelay(delay time.Duration) error {

@@ -15,21 +15,21 @@ import (
 )
 
 // recorder publishes job events — a job's status is its latest event —
-// asynchronously, so bookkeeping costs no round trip on the job's path. A
-// background goroutine checks every publish ack (each times out after
-// asyncTimeout) and sends a failed event again, a few times, unless a newer
-// event of the same job went out meanwhile: a late resend would become the
-// job's latest event and misstate its status.
+// without waiting, so bookkeeping costs no round trip on the job's path. It
+// checks every event's publish ack as it arrives (through replies; an event
+// unanswered after asyncTimeout counts as failed) and sends a failed event
+// again, a few times, unless a newer event of the same job went out
+// meanwhile: a late resend would become the job's latest event and misstate
+// its status.
 type recorder struct {
-	js     jetstream.JetStream
-	logger *slog.Logger
+	js      jetstream.JetStream // for events that must be stored before the caller goes on
+	replies *replies
+	logger  *slog.Logger
 
-	pending chan pendingEvent
-	done    chan struct{}
-	// inflight counts events not yet confirmed, for flush.
+	// inflight counts events not yet confirmed or given up, for flush.
 	inflight sync.WaitGroup
 
-	// sendMu guards sending on pending against close.
+	// sendMu guards sending against close.
 	sendMu sync.RWMutex
 	closed bool
 
@@ -46,9 +46,10 @@ type jobEvents struct {
 	pending int    // events of the job not settled yet
 }
 
+// pendingEvent is one event published and not yet confirmed.
 type pendingEvent struct {
+	r      *recorder
 	msg    *nats.Msg
-	future jetstream.PubAckFuture
 	tries  int
 	job    string // job token
 	number uint64 // this event's number among the job's events
@@ -56,20 +57,13 @@ type pendingEvent struct {
 
 const (
 	maxEventTries = 5
-	// asyncTimeout bounds the wait for one publish ack, so a lost ack (a
-	// stream leader change) cannot stall the confirmer.
+	// asyncTimeout bounds the wait for the server's answer to an event or
+	// an ack, so a lost answer (a stream leader change) is noticed.
 	asyncTimeout = 10 * time.Second
 )
 
-func newRecorder(nc *nats.Conn, logger *slog.Logger) (*recorder, error) {
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(asyncTimeout))
-	if err != nil {
-		return nil, err
-	}
-	r := &recorder{js: js, logger: logger, pending: make(chan pendingEvent, 4096), done: make(chan struct{}),
-		jobs: map[string]*jobEvents{}}
-	go r.confirm()
-	return r, nil
+func newRecorder(js jetstream.JetStream, replies *replies, logger *slog.Logger) *recorder {
+	return &recorder{js: js, replies: replies, logger: logger, jobs: map[string]*jobEvents{}}
 }
 
 func eventMsg(ev *jetfleetpb.JobEvent) (*nats.Msg, error) {
@@ -88,7 +82,7 @@ func (r *recorder) event(ev *jetfleetpb.JobEvent) {
 		return
 	}
 	job := protocol.JobToken(ev.GetJobId())
-	r.publish(pendingEvent{msg: msg, job: job, number: r.next(job)})
+	r.publish(&pendingEvent{r: r, msg: msg, job: job, number: r.next(job)})
 }
 
 // eventNow publishes a job event and waits until it is stored, for events
@@ -98,7 +92,7 @@ func (r *recorder) eventNow(ctx context.Context, ev *jetfleetpb.JobEvent) error 
 	if err != nil {
 		return err
 	}
-	e := pendingEvent{job: protocol.JobToken(ev.GetJobId())}
+	e := &pendingEvent{job: protocol.JobToken(ev.GetJobId())}
 	e.number = r.next(e.job) // supersedes any resend still pending
 	_, err = r.js.PublishMsg(ctx, msg)
 	r.settle(e) // either way: the caller handles the error
@@ -121,7 +115,7 @@ func (r *recorder) next(job string) uint64 {
 }
 
 // superseded reports whether a newer event of e's job went out after e.
-func (r *recorder) superseded(e pendingEvent) bool {
+func (r *recorder) superseded(e *pendingEvent) bool {
 	r.seqMu.Lock()
 	defer r.seqMu.Unlock()
 	je := r.jobs[e.job]
@@ -130,7 +124,7 @@ func (r *recorder) superseded(e pendingEvent) bool {
 
 // settle marks e done (confirmed, or given up); a job is forgotten once
 // none of its events is pending.
-func (r *recorder) settle(e pendingEvent) {
+func (r *recorder) settle(e *pendingEvent) {
 	r.seqMu.Lock()
 	defer r.seqMu.Unlock()
 	if je := r.jobs[e.job]; je != nil {
@@ -140,7 +134,7 @@ func (r *recorder) settle(e pendingEvent) {
 	}
 }
 
-func (r *recorder) publish(e pendingEvent) {
+func (r *recorder) publish(e *pendingEvent) {
 	r.sendMu.RLock()
 	defer r.sendMu.RUnlock()
 	if r.closed {
@@ -149,53 +143,44 @@ func (r *recorder) publish(e pendingEvent) {
 		return
 	}
 	e.tries++
-	// The client's own resend on "no responders" would bypass the check
-	// for newer events: the recorder resends itself, in order.
-	f, err := r.js.PublishMsgAsync(e.msg, jetstream.WithRetryAttempts(0))
-	if err != nil {
+	r.inflight.Add(1)
+	if err := r.replies.send(e.msg, e); err != nil {
 		r.logger.Error("publish job event", "subject", e.msg.Subject, telemetry.LogError, err)
 		r.settle(e)
-		return
+		r.inflight.Done()
 	}
-	e.future = f
-	r.inflight.Add(1)
-	r.pending <- e
 }
 
-// confirm checks acks in publish order and resends failed events.
-func (r *recorder) confirm() {
-	defer close(r.done)
-	for e := range r.pending {
-		var err error
-		select {
-		case <-e.future.Ok():
-		case err = <-e.future.Err():
-		}
-		switch {
-		case err == nil:
-			r.settle(e)
+// answered checks the event's publish ack and sends a failed event again.
+func (e *pendingEvent) answered(body []byte, err error) {
+	r := e.r
+	if err == nil {
+		err = pubAckError(body)
+	}
+	switch {
+	case err == nil:
+		r.settle(e)
+		r.inflight.Done()
+	case r.superseded(e):
+		r.logger.Warn("job event not stored; a newer event of the job went out, so it is not sent again",
+			"subject", e.msg.Subject, telemetry.LogError, err)
+		r.settle(e)
+		r.inflight.Done()
+	case e.tries < maxEventTries:
+		r.logger.Warn("job event not stored; sending again", "subject", e.msg.Subject, "try", e.tries, telemetry.LogError, err)
+		go func() {
+			time.Sleep(time.Duration(e.tries) * 100 * time.Millisecond) // back off before resending
+			if r.superseded(e) {
+				r.settle(e)
+			} else {
+				r.publish(e)
+			}
 			r.inflight.Done()
-		case r.superseded(e):
-			r.logger.Warn("job event not stored; a newer event of the job went out, so it is not sent again",
-				"subject", e.msg.Subject, telemetry.LogError, err)
-			r.settle(e)
-			r.inflight.Done()
-		case e.tries < maxEventTries:
-			r.logger.Warn("job event not stored; sending again", "subject", e.msg.Subject, "try", e.tries, telemetry.LogError, err)
-			go func() {
-				time.Sleep(time.Duration(e.tries) * 100 * time.Millisecond) // back off before resending
-				if r.superseded(e) {
-					r.settle(e)
-				} else {
-					r.publish(pendingEvent{msg: e.msg, tries: e.tries, job: e.job, number: e.number})
-				}
-				r.inflight.Done()
-			}()
-		default:
-			r.logger.Error("job event lost after retries", "subject", e.msg.Subject, telemetry.LogError, err)
-			r.settle(e)
-			r.inflight.Done()
-		}
+		}()
+	default:
+		r.logger.Error("job event lost after retries", "subject", e.msg.Subject, telemetry.LogError, err)
+		r.settle(e)
+		r.inflight.Done()
 	}
 }
 
@@ -207,18 +192,11 @@ func (r *recorder) flush(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// close stops the confirmer once the events in flight are confirmed or
-// timed out, waiting no longer than ctx; call after flush. Later events are
-// dropped with an error log.
+// close drops later events (with an error log) and waits, no longer than
+// ctx, for those in flight to be confirmed or given up.
 func (r *recorder) close(ctx context.Context) {
 	r.sendMu.Lock()
-	if !r.closed {
-		r.closed = true
-		close(r.pending)
-	}
+	r.closed = true
 	r.sendMu.Unlock()
-	select {
-	case <-r.done:
-	case <-ctx.Done():
-	}
+	_ = r.flush(ctx)
 }

@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -23,9 +25,7 @@ func TestRecorderDoesNotResendSupersededEvents(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Server(t)
 	nc, js := natstest.JetStream(t, srv)
-	r, err := newRecorder(nc, fleettest.Logger(t))
-	require.NoError(t, err)
-	defer r.close(context.Background())
+	r := startRecorder(t, nc, js)
 
 	ev := func(typ string) *jetfleetpb.JobEvent {
 		return &jetfleetpb.JobEvent{Type: typ, JobId: "j-1", Queue: "default", Kind: "echo", StreamSequence: 7}
@@ -57,9 +57,7 @@ func TestRecorderDoesNotResendAnEventOlderThanAConfirmedOne(t *testing.T) {
 	t.Parallel()
 	srv := natstest.Server(t)
 	nc, js := natstest.JetStream(t, srv)
-	r, err := newRecorder(nc, fleettest.Logger(t))
-	require.NoError(t, err)
-	defer r.close(context.Background())
+	r := startRecorder(t, nc, js)
 
 	ev := func(typ string) *jetfleetpb.JobEvent {
 		return &jetfleetpb.JobEvent{Type: typ, JobId: "j-2", Queue: "default", Kind: "echo", StreamSequence: 9}
@@ -77,4 +75,21 @@ func TestRecorderDoesNotResendAnEventOlderThanAConfirmedOne(t *testing.T) {
 	var latest jetfleetpb.JobEvent
 	require.NoError(t, protocol.Unmarshal(m.Data, &latest))
 	assert.Equal(t, protocol.EventReleased, latest.GetType(), "the older started event was not sent after it")
+}
+
+// startRecorder starts a recorder on nc as an agent does; it is closed when
+// the test ends.
+func startRecorder(t *testing.T, nc *nats.Conn, js jetstream.JetStream) *recorder {
+	t.Helper()
+	rep, err := newReplies(nc, asyncTimeout)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	go rep.expireLoop(ctx)
+	r := newRecorder(js, rep, fleettest.Logger(t))
+	t.Cleanup(func() {
+		r.close(fleettest.Ctx(t, 10*time.Second))
+		cancel()
+		rep.close()
+	})
+	return r
 }

@@ -42,7 +42,8 @@ type AckSubject struct {
 //	v2: $JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>[.<token>]
 func ParseAckSubject(subject string) (AckSubject, error) {
 	var a AckSubject
-	tokens := strings.Split(subject, ".")
+	var buf [16]string // on the stack: a job's ack subject is parsed per delivery
+	tokens := splitTokens(buf[:0], subject)
 	if len(tokens) < 2 || tokens[0] != "$JS" || tokens[1] != "ACK" {
 		return a, fmt.Errorf("ack subject %q does not start with $JS.ACK", subject)
 	}
@@ -75,4 +76,18 @@ func ParseAckSubject(subject string) (AckSubject, error) {
 		return AckSubject{}, fmt.Errorf("ack subject %q has an empty stream or consumer", subject)
 	}
 	return a, nil
+}
+
+// splitTokens appends subject's dot-separated tokens to tokens, up to its
+// capacity; the last one keeps the rest of the subject.
+func splitTokens(tokens []string, subject string) []string {
+	for len(tokens) < cap(tokens)-1 {
+		i := strings.IndexByte(subject, '.')
+		if i < 0 {
+			break
+		}
+		tokens = append(tokens, subject[:i])
+		subject = subject[i+1:]
+	}
+	return append(tokens, subject)
 }
