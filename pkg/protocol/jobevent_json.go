@@ -92,7 +92,7 @@ func (w *objectWriter) ts(n string, v *timestamppb.Timestamp) {
 	w.name(n)
 	t := time.Unix(v.GetSeconds(), int64(v.GetNanos())).UTC()
 	w.b = append(w.b, '"')
-	w.b = t.AppendFormat(w.b, "2006-01-02T15:04:05")
+	w.b = appendDateTime(w.b, t)
 	w.b = appendFraction(w.b, int64(v.GetNanos()))
 	w.b = append(w.b, 'Z', '"')
 }
@@ -113,28 +113,57 @@ func (w *objectWriter) dur(n string, v *durationpb.Duration) {
 	w.b = append(w.b, 's', '"')
 }
 
-// appendFraction writes nanos as 0, 3, 6 or 9 fractional digits.
+// appendFraction writes nanos (less than a second) as 0, 3, 6 or 9
+// fractional digits.
 func appendFraction(b []byte, nanos int64) []byte {
 	if nanos == 0 {
 		return b
 	}
 	digits := 9
-	for _, d := range []struct {
-		div    int64
-		digits int
-	}{{1e6, 3}, {1e3, 6}} {
-		if nanos%d.div == 0 {
-			nanos /= d.div
-			digits = d.digits
-			break
-		}
+	switch {
+	case nanos%1e6 == 0:
+		digits = 3
+	case nanos%1e3 == 0:
+		digits = 6
+	}
+	var nine [9]byte
+	for i := len(nine) - 1; i >= 0; i-- {
+		nine[i] = byte('0' + nanos%10)
+		nanos /= 10
 	}
 	b = append(b, '.')
-	s := strconv.AppendInt(nil, nanos, 10)
-	for range digits - len(s) {
-		b = append(b, '0')
+	return append(b, nine[:digits]...)
+}
+
+// appendDateTime writes t as 2006-01-02T15:04:05 without parsing a layout
+// (two timestamps per job event).
+func appendDateTime(b []byte, t time.Time) []byte {
+	year, month, day := t.Date()
+	if year < 0 || year > 9999 {
+		return t.AppendFormat(b, "2006-01-02T15:04:05") // protojson refuses these anyway
 	}
-	return append(b, s...)
+	hour, minute, second := t.Clock()
+	b = appendPadded(b, year, 4)
+	b = append(b, '-')
+	b = appendPadded(b, int(month), 2)
+	b = append(b, '-')
+	b = appendPadded(b, day, 2)
+	b = append(b, 'T')
+	b = appendPadded(b, hour, 2)
+	b = append(b, ':')
+	b = appendPadded(b, minute, 2)
+	b = append(b, ':')
+	return appendPadded(b, second, 2)
+}
+
+// appendPadded writes v (not negative) in width digits, zero-padded.
+func appendPadded(b []byte, v, width int) []byte {
+	var digits [4]byte
+	for i := width - 1; i >= 0; i-- {
+		digits[i] = byte('0' + v%10)
+		v /= 10
+	}
+	return append(b, digits[:width]...)
 }
 
 const hexDigits = "0123456789abcdef"
