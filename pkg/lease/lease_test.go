@@ -145,7 +145,9 @@ func TestLeaderWhoseLeaseIsTakenStepsDown(t *testing.T) {
 	_, err := kv.Put(ctx, "svc", val)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return !el.IsLeader() }, testTTL, 10*time.Millisecond)
-	assert.Equal(t, []bool{true, false}, ch.list())
+	// IsLeader turns false just before OnChange reports it.
+	require.Eventually(t, func() bool { return len(ch.list()) >= 2 }, testTTL, 10*time.Millisecond, "the step-down was reported")
+	assert.Equal(t, []bool{true, false}, ch.list()[:2])
 }
 
 // renewUnseen renews the lease the way a renewal whose reply was lost does:
