@@ -2,9 +2,7 @@ package supervisor_test
 
 import (
 	"context"
-	"log/slog"
 	"net"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -50,7 +48,7 @@ type fixture struct {
 	events   *fleettest.Events
 	client   *supervisor.Client
 	// logs records what the supervisors and agents log.
-	logs *logs
+	logs *fleettest.Logs
 }
 
 func setup(t *testing.T, topo topology.Config) *fixture {
@@ -61,7 +59,7 @@ func setup(t *testing.T, topo topology.Config) *fixture {
 	stopping := &sync.WaitGroup{}
 	t.Cleanup(stopping.Wait) // runs after every agent's own cleanup
 	return &fixture{stopping: stopping, srv: srv, topo: topo, nc: nc, js: js, events: fleettest.WatchJobEvents(t, nc),
-		client: supervisor.NewClient(nc), logs: newLogs()}
+		client: supervisor.NewClient(nc), logs: fleettest.NewLogs()}
 }
 
 // startSupervisor starts a replica on its own connection; it is stopped at
@@ -79,7 +77,7 @@ func (f *fixture) startSupervisorURL(t *testing.T, url string, cfg supervisor.Co
 		url = f.srv.ClientURL()
 	}
 	env := fleettest.NewEnvURL(t, url, f.topo)
-	env.Logger = f.logs.wrap(env.Logger)
+	env.Logger = f.logs.Wrap(env.Logger)
 	if clk == nil {
 		clk = clock.Real()
 	}
@@ -129,7 +127,7 @@ func (f *fixture) startAgent(t *testing.T, url string, cfg agent.Config, registe
 		url = f.srv.ClientURL()
 	}
 	env := fleettest.NewEnvURL(t, url, f.topo)
-	env.Logger = f.logs.wrap(env.Logger)
+	env.Logger = f.logs.Wrap(env.Logger)
 	a, err := agent.New(cfg, env.Env)
 	require.NoError(t, err)
 	register(a)
@@ -419,121 +417,4 @@ func countEvents(e *fleettest.Events, jobID, typ string) int {
 		}
 	}
 	return n
-}
-
-// logs records the log records of supervisors and agents, so a test can
-// wait for a step that no event announces, or check that one never came.
-type logs struct {
-	mu   sync.Mutex
-	recs []logRecord
-	cond chan struct{}
-}
-
-// logRecord is one record: its message and attributes as strings.
-type logRecord struct {
-	msg   string
-	attrs map[string]string
-}
-
-func newLogs() *logs { return &logs{cond: make(chan struct{})} }
-
-// wrap returns logger, also recording into l.
-func (l *logs) wrap(logger *slog.Logger) *slog.Logger {
-	return slog.New(recordingHandler{Handler: logger.Handler(), logs: l})
-}
-
-func (l *logs) add(r logRecord) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.recs = append(l.recs, r)
-	close(l.cond)
-	l.cond = make(chan struct{})
-}
-
-// match selects records by message and attributes.
-func match(msg string, attrs ...string) func(logRecord) bool {
-	return func(r logRecord) bool {
-		if r.msg != msg {
-			return false
-		}
-		for i := 0; i+1 < len(attrs); i += 2 {
-			if r.attrs[attrs[i]] != attrs[i+1] {
-				return false
-			}
-		}
-		return true
-	}
-}
-
-// count returns how many records so far match.
-func (l *logs) count(m func(logRecord) bool) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, r := range l.recs {
-		if m(r) {
-			n++
-		}
-	}
-	return n
-}
-
-// wait returns the first record that matches, waiting up to timeout.
-func (l *logs) wait(t *testing.T, timeout time.Duration, what string, m func(logRecord) bool) logRecord {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	r, ok := l.await(ctx, m)
-	if !ok {
-		t.Fatalf("no log record %s within %s", what, timeout)
-	}
-	return r
-}
-
-// await returns the first record that matches, or false when ctx ends.
-func (l *logs) await(ctx context.Context, m func(logRecord) bool) (logRecord, bool) {
-	for {
-		l.mu.Lock()
-		for _, r := range l.recs {
-			if m(r) {
-				l.mu.Unlock()
-				return r, true
-			}
-		}
-		cond := l.cond
-		l.mu.Unlock()
-		select {
-		case <-cond:
-		case <-ctx.Done():
-			return logRecord{}, false
-		}
-	}
-}
-
-// recordingHandler records every record it handles into logs.
-type recordingHandler struct {
-	slog.Handler
-	logs  *logs
-	attrs []slog.Attr
-}
-
-func (h recordingHandler) Handle(ctx context.Context, r slog.Record) error {
-	rec := logRecord{msg: r.Message, attrs: map[string]string{}}
-	for _, a := range h.attrs {
-		rec.attrs[a.Key] = a.Value.String()
-	}
-	r.Attrs(func(a slog.Attr) bool {
-		rec.attrs[a.Key] = a.Value.String()
-		return true
-	})
-	h.logs.add(rec)
-	return h.Handler.Handle(ctx, r)
-}
-
-func (h recordingHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return recordingHandler{Handler: h.Handler.WithAttrs(attrs), logs: h.logs, attrs: append(slices.Clone(h.attrs), attrs...)}
-}
-
-func (h recordingHandler) WithGroup(name string) slog.Handler {
-	return recordingHandler{Handler: h.Handler.WithGroup(name), logs: h.logs, attrs: h.attrs}
 }

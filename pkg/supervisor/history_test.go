@@ -213,7 +213,7 @@ func TestHistorySurvivesFailedBatch(t *testing.T) {
 	require.NoError(t, err)
 
 	publishDeadEvents(t, f.js, 1, 5)
-	f.logs.wait(t, 10*time.Second, "of a failed batch", match("events not handled; they are read again, in order"))
+	f.logs.Wait(t, 10*time.Second, "of a failed batch", fleettest.MatchLog("events not handled; they are read again, in order"))
 	_, err = f.js.UpdateStream(ctx, info.Config)
 	require.NoError(t, err)
 	publishDeadEvents(t, f.js, 6, 10)

@@ -298,7 +298,7 @@ func TestGracefulStopIsNotRescued(t *testing.T) {
 		f.events.WaitFor(t, 10*time.Second, id, protocol.EventReleased)
 		f.events.WaitFor(t, 10*time.Second, id, protocol.EventSucceeded)
 	}
-	f.logs.wait(t, 10*time.Second, "of the deregistration", match("agent deregistered", "agent_id", "leaving"))
+	f.logs.Wait(t, 10*time.Second, "of the deregistration", fleettest.MatchLog("agent deregistered", "agent_id", "leaving"))
 	// Let the supervisor see the silence well past the threshold (300ms).
 	time.Sleep(time.Second) // the silence must last; nothing announces that nothing happens
 	for i := range 2 {
@@ -309,7 +309,7 @@ func TestGracefulStopIsNotRescued(t *testing.T) {
 	for _, a := range agents.Agents {
 		assert.NotEqual(t, "leaving", a.ID, "a deregistered agent is not listed")
 	}
-	assert.Zero(t, f.logs.count(match("agent declared dead", "agent_id", "leaving")), "never in state dead")
+	assert.Zero(t, f.logs.Count(fleettest.MatchLog("agent declared dead", "agent_id", "leaving")), "never in state dead")
 	for len(alerts.ch) > 0 {
 		var al jetfleetpb.Alert
 		require.NoError(t, protocol.Unmarshal((<-alerts.ch).Data, &al))
@@ -365,10 +365,10 @@ func TestStalledSupervisorDoesNotRescueLiveAgents(t *testing.T) {
 	f.startAgent(t, "", agent.Config{ID: "healthy-b", HeartbeatInterval: 250 * time.Millisecond}, reg("healthy-b"))
 
 	p.pause()
-	f.logs.wait(t, 10*time.Second, "that the stall was noticed", match("silent agents not judged: the supervisor's own connection does not answer in time"))
+	f.logs.Wait(t, 10*time.Second, "that the stall was noticed", fleettest.MatchLog("silent agents not judged: the supervisor's own connection does not answer in time"))
 	time.Sleep(500 * time.Millisecond) // the stall goes on a while: the scenario, not a wait
 	p.unpause()
-	f.logs.wait(t, 10*time.Second, "that the connection recovered", match("the supervisor's connection answers again; silent agents are judged"))
+	f.logs.Wait(t, 10*time.Second, "that the connection recovered", fleettest.MatchLog("the supervisor's connection answers again; silent agents are judged"))
 	states, err := f.client.Agents(fleettest.Ctx(t, 5*time.Second)) // answered through the stalled connection
 	require.NoError(t, err)
 	for _, a := range states.Agents {
@@ -380,7 +380,7 @@ func TestStalledSupervisorDoesNotRescueLiveAgents(t *testing.T) {
 	assert.Equal(t, "healthy-a", ok.GetAgentId())
 	assert.Equal(t, uint64(1), ok.GetDelivered(), "never redelivered")
 	assert.Zero(t, countEvents(f.events, "live-1", protocol.EventRescued), "a live agent's job was rescued")
-	assert.Zero(t, f.logs.count(match("agent declared dead")), "no agent declared dead")
+	assert.Zero(t, f.logs.Count(fleettest.MatchLog("agent declared dead")), "no agent declared dead")
 	mu.Lock()
 	assert.Equal(t, []string{"healthy-a"}, runs, "the job ran once")
 	mu.Unlock()
@@ -427,7 +427,7 @@ func TestRestartWithSameIDRescuesAtOnce(t *testing.T) {
 	assert.Equal(t, uint64(1), rescued.GetDelivered())
 	assert.Equal(t, uint64(2), ok.GetDelivered())
 	assert.Equal(t, 1, countEvents(f.events, "r-1", protocol.EventRescued))
-	assert.Zero(t, f.logs.count(match("agent declared dead", "agent_id", "host-1")), "the agent id stayed alive")
+	assert.Zero(t, f.logs.Count(fleettest.MatchLog("agent declared dead", "agent_id", "host-1")), "the agent id stayed alive")
 }
 
 // TestFollowerVerdictIsProbedBeforeRescue: a follower marks a silent agent
@@ -492,12 +492,12 @@ func TestFollowerVerdictIsProbedBeforeRescue(t *testing.T) {
 	hb(2)
 	require.NoError(t, f.nc.Flush())
 	// Silent for 3 × 100ms: the follower marks it dead, without a probe.
-	f.logs.wait(t, 10*time.Second, "of the follower's verdict", match("agent declared dead", "agent_id", "ghost", "probed", "false"))
+	f.logs.Wait(t, 10*time.Second, "of the follower's verdict", fleettest.MatchLog("agent declared dead", "agent_id", "ghost", "probed", "false"))
 	assert.Zero(t, answered.Load(), "followers do not probe")
 
 	release()
 	require.NoError(t, sup.WaitLeading(ctx, true))
-	f.logs.wait(t, 10*time.Second, "of the leader's probe", match("agent missed heartbeats but answers; not declared dead", "agent_id", "ghost"))
+	f.logs.Wait(t, 10*time.Second, "of the leader's probe", fleettest.MatchLog("agent missed heartbeats but answers; not declared dead", "agent_id", "ghost"))
 	assert.Positive(t, answered.Load())
 	assert.Equal(t, supervisor.AgentAlive, sup.AgentStates()["ghost"])
 	assert.Zero(t, countEvents(f.events, "ghost-job", protocol.EventRescued), "a live agent's job was rescued")

@@ -113,8 +113,8 @@ func TestSkewedSupervisorClock(t *testing.T) {
 		for _, typ := range []string{protocol.EventCancelled, protocol.EventTimedOut, protocol.EventDead, protocol.EventRetrying} {
 			assert.Zero(t, countEvents(f.events, "healthy-1", typ), typ)
 		}
-		assert.Zero(t, f.logs.count(match("told the agent to time out an overdue job")))
-		assert.Zero(t, f.logs.count(match("the agent does not know the timeout command; the attempt is failed after kill_grace")))
+		assert.Zero(t, f.logs.Count(fleettest.MatchLog("told the agent to time out an overdue job")))
+		assert.Zero(t, f.logs.Count(fleettest.MatchLog("the agent does not know the timeout command; the attempt is failed after kill_grace")))
 		assert.Empty(t, fleettest.DeadLetters(t, f.js))
 	})
 	t.Run("behind, stuck job", func(t *testing.T) {
@@ -178,8 +178,8 @@ func TestOverdueAttemptEndsAsTimeout(t *testing.T) {
 	answered := make(chan struct{})
 	go func() {
 		ctx := fleettest.Ctx(t, 20*time.Second)
-		if _, ok := f.logs.await(ctx, func(r logRecord) bool {
-			return r.attrs["job_id"] == "slow-1" && r.msg == "told the agent to time out an overdue job"
+		if _, ok := f.logs.Await(ctx, func(r fleettest.LogRecord) bool {
+			return r.Attrs["job_id"] == "slow-1" && r.Msg == "told the agent to time out an overdue job"
 		}); ok {
 			close(answered)
 		}
@@ -239,9 +239,9 @@ func TestTimedOutDeadLetterIsRetriedUntilStored(t *testing.T) {
 	// Running past 1s, the attempt has its started event before it times out.
 	fleettest.Publish(t, f.js, protocol.Job{ID: "late-dl", Queue: "default", Kind: "stuck-dl", Timeout: 1500 * time.Millisecond})
 	f.events.WaitFor(t, 10*time.Second, "late-dl", protocol.EventTimedOut)
-	retry := match("dead letter of a timed-out job failed; retrying", "job_id", "late-dl")
-	f.logs.wait(t, 10*time.Second, "of a failed dead letter", retry)
-	waitFor(t, 10*time.Second, "a second try", func() bool { return f.logs.count(retry) >= 2 })
+	retry := fleettest.MatchLog("dead letter of a timed-out job failed; retrying", "job_id", "late-dl")
+	f.logs.Wait(t, 10*time.Second, "of a failed dead letter", retry)
+	waitFor(t, 10*time.Second, "a second try", func() bool { return f.logs.Count(retry) >= 2 })
 	_, err = f.js.UpdateStream(ctx, info.Config) // the DLQ is back
 	require.NoError(t, err)
 
