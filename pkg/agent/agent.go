@@ -269,15 +269,20 @@ func (a *Agent) Stop(ctx context.Context) error {
 	}
 
 	_ = a.control.Unsubscribe()
-	// Events and ack confirmations are awaited while the expiry of
-	// unanswered ones still runs (on the runner).
-	flushErr := errors.Join(a.recorder.flush(ctx), a.replies.wait(ctx))
+	// Events are awaited (a failed one is sent again) while the expiry of
+	// unanswered ones still runs, on the runner. Acks are only flushed to
+	// the server: waiting for their confirmation would change nothing (an
+	// ack whose confirmation is lost, e.g. with its consumer, leads to a
+	// redelivery that is acked without running), and could take asyncTimeout.
+	flushErr := errors.Join(a.recorder.flush(ctx), a.nc.FlushWithContext(ctx))
 	stopErr := a.runner.Stop(ctx) // heartbeats end here, before the registration goes
 	if err := a.agentsKV.Delete(ctx, a.cfg.ID); err != nil {
 		a.logger.Warn("agent registration not removed; its TTL drops it", telemetry.LogError, err)
 	}
 	a.recorder.close(ctx)
-	a.replies.close()
+	if n := a.replies.close(); n > 0 {
+		a.logger.Info("stopped before the server confirmed every ack; the acks were sent", "unconfirmed", n)
+	}
 	a.logger.Info("agent stopped")
 	return errors.Join(flushErr, stopErr)
 }

@@ -246,3 +246,71 @@ func TestRedeliveryAfterALostTermIsTerminatedWithoutRunning(t *testing.T) {
 	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, 10*time.Second)
 	assert.Zero(t, runs.Load(), "a dead job does not run again")
 }
+
+// TestStopDoesNotWaitForAckConfirmationsThatNeverCome: the job's consumer is
+// deleted and created again while its handler runs, so the job's ack reaches
+// a consumer that never delivered it, and no confirmation comes. Stop returns
+// without waiting for it (asyncTimeout, 10s) and without an error: the ack
+// was sent, and its confirmation would change nothing. (Stop does wait for
+// the open pull request, which the deletion may leave unanswered: up to
+// fetch_max_wait plus 2s.)
+func TestStopDoesNotWaitForAckConfirmationsThatNeverCome(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	env := fleettest.NewEnv(t, f.srv, f.env.Base.Topology)
+	a, err := agent.New(agent.Config{FetchMaxWait: 500 * time.Millisecond}, env.Env)
+	require.NoError(t, err)
+	must(t, a.Register("work", func(ctx context.Context, _ *agent.Job) error {
+		if err := f.js.DeleteConsumer(ctx, protocol.StreamJobs, protocol.QueueConsumer("default")); err != nil {
+			return err
+		}
+		_, err := topology.EnsureQueue(ctx, f.js, topology.Config{}, "default")
+		return err
+	}, agent.KindOptions{}))
+	require.NoError(t, a.Start(fleettest.Ctx(t, 10*time.Second)))
+	fleettest.Publish(t, f.js, protocol.Job{ID: "orphaned-ack", Queue: "default", Kind: "work"})
+	f.events.WaitFor(t, 10*time.Second, "orphaned-ack", protocol.EventSucceeded)
+
+	stopping := time.Now()
+	require.NoError(t, a.Stop(fleettest.Ctx(t, 20*time.Second)))
+	assert.Less(t, time.Since(stopping), 6*time.Second, "Stop waited for a confirmation that never comes")
+}
+
+// TestPullingResumesSoonAfterAMissingConsumerReturns: while the queue's
+// consumer is gone, pull requests find no responder (status 503). The agent
+// asks again after a short pause instead of waiting to count each request
+// lost (fetch_max_wait plus 2s, here 4s), so a job published once the
+// consumer is back starts at once. (The request open when the consumer is
+// deleted is not always answered: the first 503 may come only after it is
+// counted lost.)
+func TestPullingResumesSoonAfterAMissingConsumerReturns(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	ctx := fleettest.Ctx(t, 30*time.Second)
+	logs := fleettest.NewLogs()
+	env := fleettest.NewEnv(t, f.srv, f.env.Base.Topology)
+	env.Logger = logs.Wrap(env.Logger)
+	a, err := agent.New(agent.Config{FetchMaxWait: 2 * time.Second}, env.Env)
+	require.NoError(t, err)
+	started := make(chan time.Time, 1)
+	must(t, a.Register("work", func(context.Context, *agent.Job) error {
+		started <- time.Now()
+		return nil
+	}, agent.KindOptions{}))
+	require.NoError(t, a.Start(fleettest.Ctx(t, 10*time.Second)))
+	t.Cleanup(func() { assert.NoError(t, a.Stop(fleettest.Ctx(t, 10*time.Second))) })
+
+	require.NoError(t, f.js.DeleteConsumer(ctx, protocol.StreamJobs, protocol.QueueConsumer("default")))
+	logs.Wait(t, 15*time.Second, "a pull request without responders",
+		fleettest.MatchLog("pull request refused or ended", "description", "no responders: the queue's consumer is missing"))
+	_, err = topology.EnsureQueue(ctx, f.js, topology.Config{}, "default")
+	require.NoError(t, err)
+	published := time.Now()
+	fleettest.Publish(t, f.js, protocol.Job{ID: "back", Queue: "default", Kind: "work"})
+	select {
+	case at := <-started:
+		assert.Less(t, at.Sub(published), 1500*time.Millisecond, "the agent waited for its request to count as lost")
+	case <-ctx.Done():
+		t.Fatal("the job never started")
+	}
+}

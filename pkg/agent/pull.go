@@ -137,11 +137,15 @@ func (p *puller) receive(m *nats.Msg) {
 	switch status {
 	case "100": // idle heartbeat or flow control
 		return
-	case "408", "409":
+	case "408", "409", "503": // expired; refused or ended; no consumer took it (deleted, or not there yet)
 		id, _ := strconv.ParseUint(m.Subject[strings.LastIndexByte(m.Subject, '.')+1:], 10, 64)
 		p.mu.Lock()
-		if status == "409" {
-			p.a.logger.Warn("pull request refused or ended", telemetry.LogQueue, p.q.name, "description", m.Header.Get("Description"))
+		if status != "408" {
+			description := m.Header.Get("Description")
+			if status == "503" {
+				description = "no responders: the queue's consumer is missing"
+			}
+			p.a.logger.Warn("pull request refused or ended", telemetry.LogQueue, p.q.name, "description", description)
 			p.holdUntil = time.Now().Add(refusalPause) // do not hammer a server that refuses…
 			time.AfterFunc(refusalPause, func() {      // …but ask again as soon as the pause is over
 				p.mu.Lock()

@@ -37,8 +37,6 @@ type replies struct {
 	mu      sync.Mutex
 	nextID  uint64
 	waiting map[uint64]waitingAnswer
-	// outstanding counts messages not answered or timed out, for wait.
-	outstanding sync.WaitGroup
 }
 
 type waitingAnswer struct {
@@ -73,14 +71,11 @@ func (r *replies) send(msg *nats.Msg, w answerWaiter) error {
 	r.nextID++
 	id := r.nextID
 	r.waiting[id] = waitingAnswer{waiter: w, deadline: time.Now().Add(r.timeout)}
-	r.outstanding.Add(1)
 	r.mu.Unlock()
 	var buf [64]byte
 	msg.Reply = string(strconv.AppendUint(append(buf[:0], r.prefix...), id, 10))
 	if err := r.nc.PublishMsg(msg); err != nil {
-		if r.take(id) != nil {
-			r.outstanding.Done()
-		}
+		r.take(id)
 		return err
 	}
 	return nil
@@ -108,7 +103,6 @@ func (r *replies) receive(m *nats.Msg) {
 	if w == nil {
 		return // timed out already; its waiter was told
 	}
-	defer r.outstanding.Done()
 	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
 		w.answered(nil, errNoResponders)
 		return
@@ -117,9 +111,10 @@ func (r *replies) receive(m *nats.Msg) {
 }
 
 // expireLoop tells the waiters of messages unanswered past their deadline,
-// until ctx ends.
+// until ctx ends. It looks often, so an answer is given up on close to its
+// deadline; the waiting set is only as large as the jobs being answered.
 func (r *replies) expireLoop(ctx context.Context) {
-	t := time.NewTicker(max(r.timeout/10, 10*time.Millisecond))
+	t := time.NewTicker(max(r.timeout/100, 10*time.Millisecond))
 	defer t.Stop()
 	for {
 		select {
@@ -143,22 +138,18 @@ func (r *replies) expire(now time.Time) {
 	r.mu.Unlock()
 	for _, w := range expired {
 		w.answered(nil, errNoAnswer)
-		r.outstanding.Done()
 	}
 }
 
-// wait returns once every message sent so far is answered or timed out, or
-// ctx ends.
-func (r *replies) wait(ctx context.Context) error {
-	if waitFor(ctx, r.outstanding.Wait) {
-		return nil
-	}
-	return ctx.Err()
-}
-
-// close ends the subscription: answers still awaited are not told any more.
-func (r *replies) close() {
+// close ends the subscription and returns how many answers were still
+// awaited: their waiters are never told.
+func (r *replies) close() (unanswered int) {
 	_ = r.sub.Unsubscribe()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	unanswered = len(r.waiting)
+	clear(r.waiting)
+	return unanswered
 }
 
 // pubAckError reads a JetStream publish ack: nil when the message was
