@@ -203,14 +203,16 @@ static void start_job(natsMsg *msg)
     }
 }
 
-/* A pull request ended (408, 409) or the server sent an idle heartbeat (100). */
+/* A pull request ended (408, 409, 503: no consumer took it) or the server sent
+ * an idle heartbeat (100). */
 static void pull_status(natsMsg *msg, const char *status)
 {
     const char *pending = NULL, *desc = NULL;
     if (strcmp(status, "100") == 0)
         return;
     natsMsgHeader_Get(msg, "Description", &desc);
-    if (strcmp(status, "408") != 0 && strcmp(status, "409") != 0 && strcmp(status, "404") != 0) {
+    if (strcmp(status, "408") != 0 && strcmp(status, "409") != 0 && strcmp(status, "404") != 0 &&
+        strcmp(status, "503") != 0) {
         log_warn("unexpected pull status %s %s", status, desc ? desc : "");
         return;
     }
@@ -218,8 +220,8 @@ static void pull_status(natsMsg *msg, const char *status)
     natsMsgHeader_Get(msg, "Nats-Pending-Messages", &pending);
     int left = pending ? atoi(pending) : 0;
     if (left <= 0) {
-        if (strcmp(status, "409") == 0)
-            log_warn("pull request refused: %s", desc ? desc : status);
+        if (strcmp(status, "409") == 0 || strcmp(status, "503") == 0)
+            log_warn("pull request refused: %s", desc && *desc ? desc : status);
         return; /* a refused request's slots come back through the lost-request check */
     }
     lock();
