@@ -48,9 +48,10 @@ type waitingAnswer struct {
 // message, a stream leader change).
 var errNoAnswer = errors.New("no answer from the server in time")
 
-// errNoResponders is reported when the server said no one takes the subject
-// (no stream stores it, or JetStream is unavailable).
-var errNoResponders = errors.New("no responders: no stream is available for the subject")
+// errNoResponders is reported when the server said no one takes the subject:
+// no stream stores it (an event), its consumer is gone (an ack), or
+// JetStream is unavailable.
+var errNoResponders = errors.New("no responders: nothing on the server takes the subject (no stream, no consumer, or JetStream unavailable)")
 
 func newReplies(nc *nats.Conn, timeout time.Duration) (*replies, error) {
 	r := &replies{nc: nc, prefix: nc.NewInbox() + ".", timeout: timeout, waiting: map[uint64]waitingAnswer{}}
