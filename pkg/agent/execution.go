@@ -38,8 +38,7 @@ type execution struct {
 	settled  atomic.Bool
 	slot     sync.Once     // gives the execution's slot back once
 	done     chan struct{} // closed when the execution's goroutine is finished
-	job      *Job          // &jobData
-	jobData  Job
+	job      Job
 	output   OutputTail
 	// snoozes counts earlier deliveries that spent no attempt.
 	snoozes uint32
@@ -116,14 +115,13 @@ func (a *Agent) process(q *queueState, msg *delivery, reserved bool) {
 	ex := &execution{agent: a, msg: msg, queue: q, seq: meta.StreamSequence, parsed: parsed, parseErr: parseErr, cancel: cancel,
 		started: now, lastProgress: now, done: make(chan struct{})}
 	ex.output.init(int(a.cfg.OutputTail))
-	ex.jobData = Job{
+	ex.job = Job{
 		ID: parsed.ID, Queue: parsed.Queue, Kind: parsed.Kind, Payload: msg.Data(), Headers: msg.Headers(),
 		ScheduleID: parsed.ScheduleID, NominalTime: parsed.NominalTime, ReplayedFrom: parsed.ReplayedFrom,
 		StreamSequence: meta.StreamSequence, Delivered: meta.Delivered,
 		ex: ex, output: &ex.output, registered: a.kinds[parsed.Kind] != nil,
 	}
-	job := &ex.jobData
-	ex.job = job
+	job := &ex.job
 	defer close(ex.done)
 	if !reserved {
 		ex.slot.Do(func() {}) // no slot to give back
@@ -328,7 +326,7 @@ func (a *Agent) run(ctx context.Context, job *Job) error {
 
 // settle applies a verdict to the message and records it.
 func (a *Agent) settle(ctx context.Context, ex *execution, v verdict, err error, took time.Duration) {
-	job := ex.job
+	job := &ex.job
 	job.outcome, job.errorCode = v.event, v.code
 	if v.action == actDeadLetter {
 		a.deadLetter(ctx, ex, v, err, took)
@@ -445,7 +443,7 @@ func (a *Agent) refuse(ctx context.Context, ex *execution, reason, code string, 
 // deadLetter copies the job to the DLQ stream, then terminates it: TERM
 // deletes the message from the work queue, so the copy must be stored first.
 func (a *Agent) deadLetter(ctx context.Context, ex *execution, v verdict, cause error, took time.Duration) {
-	job := ex.job
+	job := &ex.job
 	output := job.output.String()
 	dl := &jetfleetpb.DeadLetter{
 		JobId: job.ID, Queue: job.Queue, Kind: job.Kind, Reason: v.reason, Attempts: uint32(max(job.Attempt, int(job.Delivered)-int(ex.snoozes))),
@@ -565,7 +563,7 @@ func (a *Agent) history(ctx context.Context, job *Job, seq uint64) history {
 // event starts a job event with the fields every event has. The execution's
 // attempt fields must not change meanwhile (hold ex.mu from other goroutines).
 func (a *Agent) event(ex *execution, typ string) *jetfleetpb.JobEvent {
-	job := ex.job
+	job := &ex.job
 	ev := &jetfleetpb.JobEvent{
 		Type: typ, JobId: job.ID, Queue: job.Queue, Kind: job.Kind, Attempt: uint32(max(job.Attempt, 0)),
 		MaxAttempts: uint32(max(job.MaxAttempts, 0)), AgentId: a.cfg.ID, Time: timestamppb.Now(),
