@@ -7,9 +7,9 @@ import (
 	"time"
 )
 
-// processCPU is the CPU time this process has used so far, user and
+// ProcessCPU is the CPU time this process has used so far, user and
 // system, on every core: with the embedded server, the server's too.
-func processCPU() time.Duration {
+func ProcessCPU() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0

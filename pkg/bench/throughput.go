@@ -66,22 +66,22 @@ func (b *bencher) throughput(ctx context.Context, run int) error {
 	b.record(ScenarioThroughput, figEnqueue, ourEnq)
 	b.record(ScenarioThroughput, figEnqueueRatio, ourEnq/rawEnq)
 
-	cpu0 := processCPU()
+	cpu0 := ProcessCPU()
 	rawDrain, err := tp.rawRate(ctx, rawQ, false, false)
 	if err != nil {
 		return fmt.Errorf("raw drain: %w", err)
 	}
-	cpu1 := processCPU()
+	cpu1 := ProcessCPU()
 	rawEvDrain, err := tp.rawRate(ctx, rawEvQ, false, true)
 	if err != nil {
 		return fmt.Errorf("raw + event drain: %w", err)
 	}
-	cpu2 := processCPU()
+	cpu2 := ProcessCPU()
 	ourDrain, err := tp.agentRate(ctx, ourQ, false)
 	if err != nil {
 		return fmt.Errorf("drain: %w", err)
 	}
-	cpu3 := processCPU()
+	cpu3 := ProcessCPU()
 	b.record(ScenarioThroughput, figDrainRaw, rawDrain)
 	b.record(ScenarioThroughput, figDrainRawEv, rawEvDrain)
 	b.record(ScenarioThroughput, figDrain, ourDrain)

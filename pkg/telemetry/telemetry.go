@@ -14,6 +14,7 @@ import (
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/exemplar"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
@@ -119,10 +120,33 @@ func Setup(ctx context.Context, opts Options) (*Telemetry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("telemetry: prometheus exporter: %w", err)
 	}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(promExp), sdkmetric.WithResource(res))
+	filter, err := exemplarFilter(getenv)
+	if err != nil {
+		return nil, err
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(promExp), sdkmetric.WithResource(res), sdkmetric.WithExemplarFilter(filter))
 	t.MeterProvider = mp
 	t.shutdowns = append(t.shutdowns, mp.Shutdown)
 	return t, nil
+}
+
+// exemplarFilter reads OTEL_METRICS_EXEMPLAR_FILTER. Unset, it turns
+// exemplars off, unlike the SDK's default (trace_based): /metrics serves
+// the Prometheus text format, which carries none, and offering every
+// measurement made inside a span to a reservoir costs each job's metrics
+// work for nothing.
+func exemplarFilter(getenv func(string) string) (exemplar.Filter, error) {
+	const key = "OTEL_METRICS_EXEMPLAR_FILTER"
+	switch v := strings.ToLower(strings.TrimSpace(getenv(key))); v {
+	case "", "always_off":
+		return exemplar.AlwaysOffFilter, nil
+	case "always_on":
+		return exemplar.AlwaysOnFilter, nil
+	case "trace_based":
+		return exemplar.TraceBasedFilter, nil
+	default:
+		return nil, fmt.Errorf("telemetry: %s=%q: want always_off, always_on or trace_based", key, v)
+	}
 }
 
 // Shutdown flushes and stops the providers.

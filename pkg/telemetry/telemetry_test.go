@@ -109,3 +109,44 @@ func TestHTTPServerEndpoints(t *testing.T) {
 	assert.Equal(t, 200, code)
 	assert.True(t, strings.Contains(body, "jetfleet_test_things_total 3"), body)
 }
+
+// TestExemplarsOffUnlessAsked: /metrics has no exemplars to serve, so
+// measurements inside a sampled span leave none behind by default;
+// OTEL_METRICS_EXEMPLAR_FILTER still turns them on, and a value it does not
+// know is an error naming the variable.
+func TestExemplarsOffUnlessAsked(t *testing.T) {
+	t.Parallel()
+	exemplars := func(filter string) int {
+		tel, err := telemetry.Setup(context.Background(), telemetry.Options{ServiceName: "test",
+			SpanExporter: tracetest.NewInMemoryExporter(),
+			Getenv:       func(k string) string { return map[string]string{"OTEL_METRICS_EXEMPLAR_FILTER": filter}[k] }})
+		require.NoError(t, err)
+		defer func() { _ = tel.Shutdown(context.Background()) }()
+		ctx, span := tel.TracerProvider.Tracer("t").Start(context.Background(), "job")
+		counter, err := tel.MeterProvider.Meter("t").Int64Counter("jobs")
+		require.NoError(t, err)
+		counter.Add(ctx, 1)
+		span.End()
+		families, err := tel.Registry.Gather()
+		require.NoError(t, err)
+		n := 0
+		for _, mf := range families {
+			if mf.GetName() != "jobs_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				require.Equal(t, 1.0, m.GetCounter().GetValue())
+				if m.GetCounter().GetExemplar() != nil {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	assert.Equal(t, 0, exemplars(""), "off by default")
+	assert.Equal(t, 1, exemplars("trace_based"), "the variable rules")
+
+	_, err := telemetry.Setup(context.Background(), telemetry.Options{ServiceName: "x",
+		Getenv: func(k string) string { return map[string]string{"OTEL_METRICS_EXEMPLAR_FILTER": "sometimes"}[k] }})
+	assert.ErrorContains(t, err, "OTEL_METRICS_EXEMPLAR_FILTER")
+}
