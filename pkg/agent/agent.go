@@ -61,6 +61,8 @@ type Agent struct {
 	startedAt time.Time
 	hbSeq     atomic.Uint64
 	control   *nats.Subscription
+	// runningReg reports the jobs running now when metrics are collected.
+	runningReg metric.Registration
 
 	mu sync.Mutex
 	// inflight holds every delivery being worked on, by its reply subject:
@@ -208,6 +210,9 @@ func (a *Agent) Start(ctx context.Context) error {
 	if a.control, err = a.nc.Subscribe(protocol.ControlSubject(a.cfg.ID), a.handleControl); err != nil {
 		return fmt.Errorf("agent: control subject: %w", err)
 	}
+	if a.runningReg, err = a.runningMetric(); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
 	a.runner.Go(a.heartbeatLoop)
 	for _, q := range a.queues {
 		p, err := newPuller(a, q)
@@ -282,6 +287,9 @@ func (a *Agent) Stop(ctx context.Context) error {
 	a.recorder.close(ctx)
 	if n := a.replies.close(); n > 0 {
 		a.logger.Info("stopped before the server confirmed every ack; the acks were sent", "unconfirmed", n)
+	}
+	if err := a.runningReg.Unregister(); err != nil {
+		a.logger.Warn("running-jobs metric not unregistered", telemetry.LogError, err)
 	}
 	a.logger.Info("agent stopped")
 	return errors.Join(flushErr, stopErr)

@@ -21,6 +21,7 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/natstest"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
+	"github.com/jetfleet/jetfleet/pkg/service"
 	"github.com/jetfleet/jetfleet/pkg/telemetry"
 	"github.com/jetfleet/jetfleet/pkg/topology"
 )
@@ -666,4 +667,90 @@ func TestStartFailsWithoutKinds(t *testing.T) {
 	_, err = agent.New(agent.Config{Concurrency: -1, Queues: []string{"a.b"}}, f.env.Env)
 	assert.ErrorContains(t, err, "agent.concurrency")
 	assert.ErrorContains(t, err, "agent.queues")
+}
+
+// TestMetricsCountJobsByOutcome reads the agent's metrics as /metrics serves
+// them: attempts by outcome and error code, their durations, and the jobs
+// running now, summed over the agents of one process (two agents share a
+// meter provider here) and back to 0, not gone, once they end.
+func TestMetricsCountJobsByOutcome(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	shared := fleettest.NewEnv(t, f.srv, f.env.Base.Topology)
+	other := *fleettest.NewEnv(t, f.srv, f.env.Base.Topology).Env // its own connection, the shared telemetry
+	other.Telemetry = shared.Telemetry
+	entered, release := make(chan struct{}, 2), make(chan struct{})
+	for i, env := range []*service.Env{shared.Env, &other} {
+		a, err := agent.New(agent.Config{ID: fmt.Sprintf("metrics-%d", i), Concurrency: 1}, env)
+		require.NoError(t, err)
+		must(t, a.Register("block", func(ctx context.Context, _ *agent.Job) error {
+			entered <- struct{}{}
+			<-release
+			return nil
+		}, agent.KindOptions{}))
+		must(t, a.Register("refuse", func(context.Context, *agent.Job) error {
+			return agent.NonRetryable(errors.New("no"))
+		}, agent.KindOptions{}))
+		require.NoError(t, a.Start(fleettest.Ctx(t, 10*time.Second)))
+		t.Cleanup(func() { assert.NoError(t, a.Stop(fleettest.Ctx(t, 10*time.Second))) })
+	}
+	metric := func(name string, labels map[string]string) (float64, bool) {
+		t.Helper()
+		families, err := shared.Telemetry.Registry.Gather()
+		require.NoError(t, err)
+		for _, mf := range families {
+			if mf.GetName() != name {
+				continue
+			}
+		series:
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if want, ok := labels[l.GetName()]; ok && want != l.GetValue() {
+						continue series
+					}
+				}
+				switch {
+				case m.GetHistogram() != nil:
+					return float64(m.GetHistogram().GetSampleCount()), true
+				case m.GetCounter() != nil:
+					return m.GetCounter().GetValue(), true
+				default:
+					return m.GetGauge().GetValue(), true
+				}
+			}
+		}
+		return 0, false
+	}
+
+	for i := range 2 {
+		fleettest.Publish(t, f.js, protocol.Job{ID: fmt.Sprintf("m-%d", i), Queue: "default", Kind: "block"})
+	}
+	<-entered
+	<-entered
+	running, ok := metric("jetfleet_agent_jobs_running", map[string]string{"queue": "default", "kind": "block"})
+	require.True(t, ok)
+	assert.Equal(t, 2.0, running, "one job on each agent, summed")
+	close(release)
+	fleettest.Publish(t, f.js, protocol.Job{ID: "m-refused", Queue: "default", Kind: "refuse"})
+	for _, id := range []string{"m-0", "m-1"} {
+		f.events.WaitFor(t, 10*time.Second, id, protocol.EventSucceeded)
+	}
+	f.events.WaitFor(t, 10*time.Second, "m-refused", protocol.EventDead)
+
+	// The middleware records an attempt once its job is settled, just after
+	// its last event: wait for the counts rather than read them once.
+	succeeded := map[string]string{"queue": "default", "kind": "block", "outcome": protocol.EventSucceeded, "error_code": ""}
+	failed := map[string]string{"queue": "default", "kind": "refuse", "outcome": protocol.EventFailed, "error_code": protocol.CodeNonRetryable}
+	require.Eventually(t, func() bool {
+		s, _ := metric("jetfleet_agent_jobs_total", succeeded)
+		f, _ := metric("jetfleet_agent_jobs_total", failed)
+		return s == 2 && f == 1
+	}, 10*time.Second, 10*time.Millisecond, "attempts by outcome and error code")
+	durations, ok := metric("jetfleet_agent_job_duration_seconds", map[string]string{"kind": "block", "outcome": protocol.EventSucceeded})
+	require.True(t, ok)
+	assert.Equal(t, 2.0, durations, "one duration per attempt")
+	require.Eventually(t, func() bool {
+		running, ok := metric("jetfleet_agent_jobs_running", map[string]string{"queue": "default", "kind": "block"})
+		return ok && running == 0
+	}, 10*time.Second, 10*time.Millisecond, "back to 0 and still reported")
 }
