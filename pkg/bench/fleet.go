@@ -161,7 +161,8 @@ func (f *agentFleet) stop(ctx context.Context) error {
 const rawPullHeartbeat = 500 * time.Millisecond
 
 // rawFleet is the raw JetStream baseline: K consumers of the same durable
-// pull consumer an agent binds to (same stream, same consumer settings),
+// pull consumer an agent binds to (same stream, same consumer settings,
+// the same jetfleet job messages),
 // each on its own connection, each a jetstream.Consume keeping up to C
 // messages requested, handing them to C goroutines that double-ack them
 // (ack as a request, confirmed by the server), as the agent acks. With

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetfleet/jetfleet/pkg/agent"
 	"github.com/jetfleet/jetfleet/pkg/bench/workload"
@@ -50,17 +51,27 @@ func (b *bencher) throughput(ctx context.Context, run int) error {
 	}
 	rawQ, rawEvQ, ourQ := rs.queue("raw"), rs.queue("rawev"), rs.queue("jobs")
 
-	// Enqueue: each fills its queue for the drain phase.
-	rawEnq, err := tp.enqueue(ctx, "raw", tp.rawMsg(rawQ))
+	// Enqueue: a raw JetStream publish of the payload alone, and jetfleet
+	// job messages. Every consumer line then runs on the same jetfleet job
+	// messages, so the ratios measure the consumers, not the job format,
+	// whose cost (a header and JetStream's duplicate check, for producer
+	// and server alike) the enqueue ratio shows.
+	publishQ := rs.queue("publish")
+	rawEnq, err := tp.enqueue(ctx, "raw", tp.rawMsg(publishQ))
 	if err != nil {
+		return err
+	}
+	if err := tp.purge(ctx, publishQ); err != nil { // nothing consumes them
 		return err
 	}
 	ourEnq, err := tp.enqueue(ctx, "jetfleet", tp.jobMsg(ourQ))
 	if err != nil {
 		return err
 	}
-	if _, err := tp.enqueue(ctx, "raw", tp.rawMsg(rawEvQ)); err != nil {
-		return err
+	for _, q := range []string{rawQ, rawEvQ} {
+		if _, err := tp.enqueue(ctx, "jetfleet", tp.jobMsg(q)); err != nil {
+			return err
+		}
 	}
 	b.record(ScenarioThroughput, figEnqueueRaw, rawEnq)
 	b.record(ScenarioThroughput, figEnqueue, ourEnq)
@@ -138,7 +149,8 @@ func (tp *throughputRun) setup() error {
 	return nil
 }
 
-// rawMsg publishes the payload alone, as a raw JetStream producer would.
+// rawMsg publishes the payload alone, as a raw JetStream producer would:
+// the baseline of the enqueue figures.
 func (tp *throughputRun) rawMsg(queue string) func(i int) *nats.Msg {
 	subject := protocol.JobSubject(queue, kindNoop)
 	return func(int) *nats.Msg { return &nats.Msg{Subject: subject, Data: tp.payload} }
@@ -168,6 +180,22 @@ func (tp *throughputRun) enqueue(ctx context.Context, what string, msg func(int)
 	return rate(tp.n, time.Since(start)), nil
 }
 
+// purge removes queue's jobs from the stream.
+func (tp *throughputRun) purge(ctx context.Context, queue string) error {
+	js, err := newJetStream(tp.producer)
+	if err != nil {
+		return err
+	}
+	jobs, err := js.Stream(ctx, protocol.StreamJobs)
+	if err != nil {
+		return err
+	}
+	if err := jobs.Purge(ctx, jetstream.WithPurgeSubject(protocol.QueueSubjects(queue))); err != nil {
+		return fmt.Errorf("purge queue %s: %w", queue, err)
+	}
+	return nil
+}
+
 // rawRate times the raw baseline acking n jobs of queue (with withEvent,
 // storing an event for each): a drain of the jobs already in it, or, with
 // produce, jobs published once the consumers wait for them.
@@ -190,7 +218,7 @@ func (tp *throughputRun) rawRate(ctx context.Context, queue string, produce, wit
 			return 0, err
 		}
 		start = time.Now()
-		if err := publish(ctx, tp.producer, tp.n, tp.rawMsg(queue)); err != nil {
+		if err := publish(ctx, tp.producer, tp.n, tp.jobMsg(queue)); err != nil {
 			return 0, err
 		}
 	} else {
