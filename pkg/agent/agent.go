@@ -401,20 +401,32 @@ func (a *Agent) worker(ctx context.Context) {
 	}
 }
 
-// releaseSlots offers n freed slots to the queues' pullers in turn. Slots
-// no puller takes (the agent is stopping) stay unused.
+// releaseSlots offers n freed slots to the queues' pullers, shared evenly
+// and in one offer each, so a puller asks for them in one request; the
+// first share to have an extra slot rotates. Slots no puller takes (the
+// agent is stopping) stay unused.
 func (a *Agent) releaseSlots(n int) {
 	if n <= 0 || len(a.pullers) == 0 {
 		return
 	}
-	for range n {
-		a.slotMu.Lock()
-		first := a.nextPuller
-		a.nextPuller = (a.nextPuller + 1) % len(a.pullers)
-		a.slotMu.Unlock()
-		for i := range a.pullers {
-			if a.pullers[(first+i)%len(a.pullers)].offer(1) {
-				break
+	a.slotMu.Lock()
+	first := a.nextPuller
+	a.nextPuller = (a.nextPuller + n) % len(a.pullers)
+	a.slotMu.Unlock()
+	left := n
+	for i := range a.pullers {
+		share := n / len(a.pullers)
+		if i < n%len(a.pullers) {
+			share++
+		}
+		if share > 0 && a.pullers[(first+i)%len(a.pullers)].offer(share) {
+			left -= share
+		}
+	}
+	if left > 0 { // a puller is stopping: another may take its share
+		for _, p := range a.pullers {
+			if p.offer(left) {
+				return
 			}
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -312,5 +313,73 @@ func TestPullingResumesSoonAfterAMissingConsumerReturns(t *testing.T) {
 		assert.Less(t, at.Sub(published), 1500*time.Millisecond, "the agent waited for its request to count as lost")
 	case <-ctx.Done():
 		t.Fatal("the job never started")
+	}
+}
+
+// TestSlotsStayExactWithSeveralRequestsOpen: an agent asks for freed slots
+// beside its open request once that runs low, so the server holds several
+// of its requests at once and spreads deliveries over them. When the
+// consumer is deleted under them — one filled, one not — their ends say
+// nothing of what they did not deliver; the agent must at once come back to
+// holding exactly as many jobs as it has slots: none lost, none doubled.
+func TestSlotsStayExactWithSeveralRequestsOpen(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	ctx := fleettest.Ctx(t, 60*time.Second)
+	const concurrency = 8 // asks beside an open request once at most 4 jobs are outstanding
+	release := make(chan struct{})
+	var running, peak atomic.Int32
+	f.startAgent(t, agent.Config{Concurrency: concurrency, FetchMaxWait: 5 * time.Second}, func(a *agent.Agent) {
+		must(t, a.Register("block", func(context.Context, *agent.Job) error {
+			n := running.Add(1)
+			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+			}
+			defer running.Add(-1)
+			<-release
+			return nil
+		}, agent.KindOptions{}))
+	})
+	consumerInfo := func() *jetstream.ConsumerInfo {
+		c, err := f.js.Consumer(ctx, protocol.StreamJobs, protocol.QueueConsumer("default"))
+		require.NoError(t, err)
+		return c.CachedInfo()
+	}
+	publish := func(prefix string, n int) {
+		for i := range n {
+			fleettest.Publish(t, f.js, protocol.Job{ID: fmt.Sprintf("%s-%d", prefix, i), Queue: "default", Kind: "block"})
+		}
+	}
+
+	// Four jobs take half of the first request; one ends, and its slot is
+	// asked for beside it: two requests open, for 4 and 1 more jobs.
+	publish("first", 4)
+	require.Eventually(t, func() bool { return running.Load() == 4 }, 10*time.Second, 5*time.Millisecond)
+	release <- struct{}{}
+	require.Eventually(t, func() bool {
+		info := consumerInfo()
+		return info.NumWaiting == 2 && info.NumAckPending == 3 // the ended job's ack is stored
+	}, 10*time.Second, 5*time.Millisecond, "two requests open")
+	// Four more cannot leave both requests unfilled (at most 3+0).
+	publish("second", 4)
+	require.Eventually(t, func() bool { return running.Load() == 7 }, 10*time.Second, 5*time.Millisecond)
+
+	require.NoError(t, f.js.DeleteConsumer(ctx, protocol.StreamJobs, protocol.QueueConsumer("default")))
+	_, err := topology.EnsureQueue(ctx, f.js, topology.Config{}, "default")
+	require.NoError(t, err)
+	publish("after", 12)
+	// The seven jobs of the deleted consumer still run: one slot is free, and
+	// is asked for again after the refusal pause, not after the requests'
+	// expiry. The new consumer offers the seven again (never acked), then the
+	// twelve new ones.
+	require.Eventually(t, func() bool { return running.Load() == concurrency }, 3*time.Second, 5*time.Millisecond,
+		"every slot the deleted consumer's requests held is asked for again at once")
+	time.Sleep(2 * time.Second) // no event marks "did not over-fetch": give the agent time to
+	info := consumerInfo()
+	assert.Equal(t, 1, info.NumAckPending, "the new consumer's jobs fill exactly the free slots")
+	assert.Equal(t, uint64(7+12-1), info.NumPending)
+	assert.Equal(t, int32(concurrency), peak.Load())
+	close(release)
+	for i := range 12 {
+		f.events.WaitFor(t, 30*time.Second, fmt.Sprintf("after-%d", i), protocol.EventSucceeded)
 	}
 }

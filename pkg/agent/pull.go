@@ -1,10 +1,12 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,15 +18,30 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/telemetry"
 )
 
-// A puller keeps one pull request open on one queue's consumer, through
-// one long-lived inbox subscription, for exactly as many jobs as it holds
-// reserved slots: a job is only ever requested for a slot kept free for it,
-// because AckWait starts at delivery. With one request open at a time,
-// every delivery belongs to it, so its count of jobs still to come is exact
-// whatever order the server fills requests in. Slots freed meanwhile are
-// gathered and asked for as soon as the request ends (filled, expired or
-// refused). Requests expire after fetch_max_wait, so a stopping agent knows
-// when nothing more can arrive.
+// A puller asks one queue's consumer for jobs through pull requests on one
+// long-lived inbox subscription, only ever for slots reserved for them:
+// AckWait starts at delivery, so a job is requested only for a slot kept
+// free to start it at once. Freed slots are asked for at once when nothing
+// is outstanding, and beside the open requests once at most half the slots
+// are still outstanding (as nats.go's Consume refills): the server then
+// holds a request of the agent's while it works, where asking only once the
+// open request is filled would leave the consumer idle for a round trip
+// every batch. An idle agent holds one request: the server spreads
+// deliveries over requests, not agents, so holding more would draw more
+// than the agent's share of a queue's jobs (a kind it passes on included).
+//
+// The server spreads deliveries over a consumer's open requests in turn, so
+// a delivery cannot be told apart by request; the count of jobs asked for
+// and not delivered yet, outstanding, is kept for all requests together,
+// as nats.go's Consume keeps it: a request that ends before it is filled
+// (expired, refused) reports on its own reply subject how many jobs it did
+// not deliver (Nats-Pending-Messages), and a filled one reports nothing.
+// A request whose expiry has passed by lostMargin can deliver nothing more,
+// so any outstanding jobs beyond what the unexpired requests asked for
+// belonged to requests that were lost (a server restart or leader change);
+// they are asked for again. All requests share one expiry, so they are kept
+// in the order they expire: the expired leave from the front, with the
+// count of what the rest may still deliver kept as they come and go.
 //
 // Nothing here runs on a goroutine of its own: slots are offered by the
 // goroutine that frees them, and deliveries arrive on the subscription's.
@@ -34,25 +51,33 @@ type puller struct {
 	subject string // the consumer's next-message API subject
 	inbox   string // a request replies to <inbox>.<request id>
 	expiry  time.Duration
-	sub     *nats.Subscription
+	// lowWater is the most jobs outstanding at which freed slots are asked
+	// for beside the open requests.
+	lowWater int
+	sub      *nats.Subscription
 
 	mu sync.Mutex
-	// open is the request being answered, nil when none is; gathered slots
-	// are reserved but not requested yet.
-	open     *pullRequest
-	nextID   uint64
-	gathered int
+	// open lists the requests not known to be ended, oldest first; a
+	// filled one stays until its expiry passes, one ended by a status
+	// stays with batch 0. asked is the sum of their batches: the most they
+	// may still deliver. outstanding counts the jobs they will deliver
+	// unless lost; gathered slots are reserved and not requested yet.
+	open        []pullRequest
+	asked       int
+	outstanding int
+	nextID      uint64
+	gathered    int
 	// holdUntil pauses requests after the server refused one.
 	holdUntil time.Time
 	stopping  bool
-	drained   chan struct{} // closed once stopping with no request open
+	drained   chan struct{} // closed once stopping with nothing outstanding
 }
 
-// pullRequest is the open pull request.
+// pullRequest is a request that may still deliver jobs.
 type pullRequest struct {
 	id        uint64
-	remaining int       // jobs asked for and not delivered yet
-	lostAfter time.Time // past this without an answer, the request is lost
+	batch     int       // jobs asked for
+	lostAfter time.Time // past this the request delivers nothing more
 }
 
 // refusalPause is how long a puller waits after the server refused a request.
@@ -65,10 +90,11 @@ const lostMargin = 2 * time.Second
 func newPuller(a *Agent, q *queueState) (*puller, error) {
 	p := &puller{
 		a: a, q: q,
-		subject: fmt.Sprintf("$JS.API.CONSUMER.MSG.NEXT.%s.%s", protocol.StreamJobs, protocol.QueueConsumer(q.name)),
-		inbox:   a.nc.NewInbox(),
-		expiry:  a.cfg.FetchMaxWait,
-		drained: make(chan struct{}),
+		subject:  fmt.Sprintf("$JS.API.CONSUMER.MSG.NEXT.%s.%s", protocol.StreamJobs, protocol.QueueConsumer(q.name)),
+		inbox:    a.nc.NewInbox(),
+		expiry:   a.cfg.FetchMaxWait,
+		lowWater: a.cfg.Concurrency / 2,
+		drained:  make(chan struct{}),
 	}
 	sub, err := a.nc.Subscribe(p.inbox+".*", p.receive)
 	if err != nil {
@@ -81,8 +107,8 @@ func newPuller(a *Agent, q *queueState) (*puller, error) {
 }
 
 // offer gives the puller n reserved slots; it asks for jobs for them now or
-// once the open request ends. It reports false when the puller is stopping
-// and took nothing.
+// once the open requests run low. It reports false when the puller is
+// stopping and took nothing.
 func (p *puller) offer(n int) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -94,9 +120,10 @@ func (p *puller) offer(n int) bool {
 	return true
 }
 
-// requestLocked sends a pull request for the gathered slots when none is open.
+// requestLocked sends a pull request for the gathered slots once at most
+// lowWater jobs are outstanding.
 func (p *puller) requestLocked() {
-	if p.open != nil || p.gathered == 0 || p.stopping || time.Now().Before(p.holdUntil) {
+	if p.gathered == 0 || p.outstanding > p.lowWater || p.stopping || time.Now().Before(p.holdUntil) {
 		return
 	}
 	req, _ := json.Marshal(struct {
@@ -109,7 +136,9 @@ func (p *puller) requestLocked() {
 		p.a.logger.Warn("pull request failed", telemetry.LogQueue, p.q.name, telemetry.LogError, err)
 		return
 	}
-	p.open = &pullRequest{id: p.nextID, remaining: p.gathered, lostAfter: time.Now().Add(p.expiry + lostMargin)}
+	p.open = append(p.open, pullRequest{id: p.nextID, batch: p.gathered, lostAfter: time.Now().Add(p.expiry + lostMargin)})
+	p.asked += p.gathered
+	p.outstanding += p.gathered
 	p.gathered = 0
 }
 
@@ -118,14 +147,13 @@ func (p *puller) requestLocked() {
 func (p *puller) receive(m *nats.Msg) {
 	if m.Reply != "" {
 		p.mu.Lock()
-		reserved := p.open != nil
+		reserved := p.outstanding > 0
 		if reserved {
-			p.open.remaining--
-			if p.open.remaining == 0 {
-				p.open = nil // filled: the server sends no status for it
-				p.requestLocked()
+			if p.outstanding--; p.outstanding == 0 {
+				p.open, p.asked = p.open[:0], 0 // every open request is filled: the server sends no status for them
 				p.checkDrainedLocked()
 			}
+			p.requestLocked()
 		} else {
 			p.a.logger.Warn("job delivered for a request counted lost; it runs beyond the agent's concurrency", telemetry.LogQueue, p.q.name)
 		}
@@ -153,10 +181,7 @@ func (p *puller) receive(m *nats.Msg) {
 				p.requestLocked()
 			})
 		}
-		var freed int
-		if p.open != nil && p.open.id == id {
-			freed = p.endLocked() // a status about an older request counted lost changes nothing
-		}
+		freed := p.endLocked(id, status, m.Header)
 		p.mu.Unlock()
 		p.a.releaseSlots(freed)
 	default:
@@ -164,30 +189,86 @@ func (p *puller) receive(m *nats.Msg) {
 	}
 }
 
-// endLocked ends the open request and returns how many of its slots are
-// free for others: none while running (they are asked for again), all
-// while stopping.
-func (p *puller) endLocked() (freed int) {
-	left := p.open.remaining
-	p.open = nil
+// endLocked ends the open request id and returns how many slots are free
+// for others: none while running (they are asked for again), all while
+// stopping. A status about a request no longer open (filled and expired,
+// ended, or counted lost) changes nothing.
+func (p *puller) endLocked(id uint64, status string, h nats.Header) (freed int) {
+	if status == "409" && consumerGone(h.Get("Description")) {
+		// No open request of the consumer delivers anything more; the
+		// others' statuses, if they come, find nothing open.
+		p.open, p.asked = p.open[:0], 0
+		return p.returnLocked(p.outstanding)
+	}
+	i, found := slices.BinarySearchFunc(p.open, id, func(r pullRequest, id uint64) int { return cmp.Compare(r.id, id) })
+	if !found || p.open[i].batch == 0 {
+		return 0
+	}
+	req := &p.open[i]
+	p.asked -= req.batch
+	undelivered := p.undelivered(req.batch, status, h)
+	req.batch = 0
+	return p.returnLocked(min(undelivered, p.outstanding))
+}
+
+// consumerGone reports whether a 409 says the consumer is gone from under
+// every open request: deleted, or its leader changed (these carry no count
+// of what was not delivered). nats.go reads the same descriptions.
+func consumerGone(description string) bool {
+	return description == "Consumer Deleted" || description == "Leadership Change"
+}
+
+// undelivered is how many jobs of a request for batch its ending status
+// says will not come. An expired request and most ended ones report it; one
+// refused before it reached a consumer (503) delivered none. Without a
+// report (a refusal, or a status this code does not know) the fewest the
+// count of all requests allows are taken — exact when the request is the
+// only one open — so the agent never holds more jobs than free slots; the
+// lost-request check frees the rest once the request's expiry passes. The
+// request's own batch is already out of p.asked.
+func (p *puller) undelivered(batch int, status string, h nats.Header) int {
+	if pending := h.Get("Nats-Pending-Messages"); pending != "" {
+		if n, err := strconv.Atoi(pending); err == nil {
+			return min(max(n, 0), batch)
+		}
+	}
+	if status == "503" {
+		return batch
+	}
+	return min(max(p.outstanding-p.asked, 0), batch)
+}
+
+// returnLocked takes n jobs that will not be delivered off outstanding and
+// returns how many slots are free for others (see endLocked).
+func (p *puller) returnLocked(n int) (freed int) {
+	p.outstanding -= n
 	if p.stopping {
 		p.checkDrainedLocked()
-		return left
+		return n
 	}
-	p.gathered += left
+	p.gathered += n
 	p.requestLocked()
 	return 0
 }
 
-// checkLost ends the open request when it should have been answered by now
-// but was not (a server restart or leader change loses requests), and asks
-// again; it also sends a request held back after a refusal or failure.
+// checkLost forgets requests whose expiry passed by lostMargin: by then a
+// request was filled or said it ended, unless it was lost; jobs outstanding
+// beyond what the requests still open asked for were the lost requests'
+// and are asked for again. It also sends a request held back after a
+// refusal or failure.
 func (p *puller) checkLost() {
 	p.mu.Lock()
+	now := time.Now()
+	expired := 0
+	for expired < len(p.open) && now.After(p.open[expired].lostAfter) {
+		p.asked -= p.open[expired].batch
+		expired++
+	}
+	p.open = p.open[expired:]
 	var freed int
-	if p.open != nil && time.Now().After(p.open.lostAfter) {
-		p.a.logger.Warn("pull request went unanswered; asking again", telemetry.LogQueue, p.q.name, "jobs", p.open.remaining)
-		freed = p.endLocked()
+	if lost := p.outstanding - p.asked; lost > 0 {
+		p.a.logger.Warn("pull requests went unanswered; asking again", telemetry.LogQueue, p.q.name, "jobs", lost)
+		freed = p.returnLocked(lost)
 	}
 	p.requestLocked()
 	p.mu.Unlock()
@@ -195,7 +276,7 @@ func (p *puller) checkLost() {
 }
 
 // stop ends new requests and returns the reserved slots no request holds;
-// drained closes once the open request is answered or expired.
+// drained closes once the open requests are filled, ended or expired.
 func (p *puller) stop() (returned int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -209,7 +290,7 @@ func (p *puller) stop() (returned int) {
 }
 
 func (p *puller) checkDrainedLocked() {
-	if p.stopping && p.open == nil {
+	if p.stopping && p.outstanding == 0 {
 		select {
 		case <-p.drained:
 		default:
@@ -218,15 +299,15 @@ func (p *puller) checkDrainedLocked() {
 	}
 }
 
-// close removes the inbox subscription and gives up on an open request
-// (on a dead connection it is never answered), so nothing waits on drained
+// close removes the inbox subscription and gives up on open requests (on a
+// dead connection they are never answered), so nothing waits on drained
 // for ever.
 func (p *puller) close() {
 	_ = p.sub.Unsubscribe()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.stopping = true
-	p.open = nil
+	p.open, p.asked, p.outstanding = nil, 0, 0
 	p.checkDrainedLocked()
 }
 
