@@ -326,7 +326,7 @@ func TestSlotsStayExactWithSeveralRequestsOpen(t *testing.T) {
 	t.Parallel()
 	f := setup(t, topology.Config{})
 	ctx := fleettest.Ctx(t, 60*time.Second)
-	const concurrency = 8 // asks beside an open request once at most 4 jobs are outstanding
+	const concurrency = 8 // asks beside an open request once at most 4 jobs are outstanding and 2 slots are free
 	release := make(chan struct{})
 	var running, peak atomic.Int32
 	f.startAgent(t, agent.Config{Concurrency: concurrency, FetchMaxWait: 5 * time.Second}, func(a *agent.Agent) {
@@ -350,27 +350,32 @@ func TestSlotsStayExactWithSeveralRequestsOpen(t *testing.T) {
 		}
 	}
 
-	// Four jobs take half of the first request; one ends, and its slot is
-	// asked for beside it: two requests open, for 4 and 1 more jobs.
+	// Four jobs take half of the first request; one ends, and its slot
+	// alone is not asked for (the request would be sent before the ack);
+	// a second ends, and both are asked for beside the open request: two
+	// requests open, for 4 and 2 more jobs.
 	publish("first", 4)
 	require.Eventually(t, func() bool { return running.Load() == 4 }, 10*time.Second, 5*time.Millisecond)
 	release <- struct{}{}
+	require.Eventually(t, func() bool { return consumerInfo().NumAckPending == 3 }, 10*time.Second, 5*time.Millisecond)
+	assert.Equal(t, 1, consumerInfo().NumWaiting, "a single free slot is not asked for beside an open request")
+	release <- struct{}{}
 	require.Eventually(t, func() bool {
 		info := consumerInfo()
-		return info.NumWaiting == 2 && info.NumAckPending == 3 // the ended job's ack is stored
+		return info.NumWaiting == 2 && info.NumAckPending == 2 // the ended jobs' acks are stored
 	}, 10*time.Second, 5*time.Millisecond, "two requests open")
-	// Four more cannot leave both requests unfilled (at most 3+0).
-	publish("second", 4)
+	// Five more cannot leave both requests unfilled (at most 3+1).
+	publish("second", 5)
 	require.Eventually(t, func() bool { return running.Load() == 7 }, 10*time.Second, 5*time.Millisecond)
 
 	require.NoError(t, f.js.DeleteConsumer(ctx, protocol.StreamJobs, protocol.QueueConsumer("default")))
 	_, err := topology.EnsureQueue(ctx, f.js, topology.Config{}, "default")
 	require.NoError(t, err)
 	publish("after", 12)
-	// The seven jobs of the deleted consumer still run: one slot is free, and
-	// is asked for again after the refusal pause, not after the requests'
-	// expiry. The new consumer offers the seven again (never acked), then the
-	// twelve new ones.
+	// The seven jobs of the deleted consumer still run: one slot is free,
+	// and is asked for again after the refusal pause, not after the
+	// requests' expiry. The new consumer offers the seven again (never
+	// acked), then the twelve new ones.
 	require.Eventually(t, func() bool { return running.Load() == concurrency }, 3*time.Second, 5*time.Millisecond,
 		"every slot the deleted consumer's requests held is asked for again at once")
 	time.Sleep(2 * time.Second) // no event marks "did not over-fetch": give the agent time to

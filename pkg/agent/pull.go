@@ -23,7 +23,8 @@ import (
 // AckWait starts at delivery, so a job is requested only for a slot kept
 // free to start it at once. Freed slots are asked for at once when nothing
 // is outstanding, and beside the open requests once at most half the slots
-// are still outstanding (as nats.go's Consume refills): the server then
+// are still outstanding and a quarter of them are gathered (as nats.go's
+// Consume refills, in batches of a half): the server then
 // holds a request of the agent's while it works, where asking only once the
 // open request is filled would leave the consumer idle for a round trip
 // every batch. An idle agent holds one request: the server spreads
@@ -52,9 +53,10 @@ type puller struct {
 	inbox   string // a request replies to <inbox>.<request id>
 	expiry  time.Duration
 	// lowWater is the most jobs outstanding at which freed slots are asked
-	// for beside the open requests.
-	lowWater int
-	sub      *nats.Subscription
+	// for beside the open requests, minBatch the fewest asked for so: a
+	// request per job or two would cost the server more than the job.
+	lowWater, minBatch int
+	sub                *nats.Subscription
 
 	mu sync.Mutex
 	// open lists the requests not known to be ended, oldest first; a
@@ -94,6 +96,7 @@ func newPuller(a *Agent, q *queueState) (*puller, error) {
 		inbox:    a.nc.NewInbox(),
 		expiry:   a.cfg.FetchMaxWait,
 		lowWater: a.cfg.Concurrency / 2,
+		minBatch: max(a.cfg.Concurrency/4, 1),
 		drained:  make(chan struct{}),
 	}
 	sub, err := a.nc.Subscribe(p.inbox+".*", p.receive)
@@ -120,10 +123,14 @@ func (p *puller) offer(n int) bool {
 	return true
 }
 
-// requestLocked sends a pull request for the gathered slots once at most
-// lowWater jobs are outstanding.
+// requestLocked sends a pull request for the gathered slots when nothing
+// is outstanding, or when at most lowWater jobs are and minBatch slots are
+// gathered.
 func (p *puller) requestLocked() {
-	if p.gathered == 0 || p.outstanding > p.lowWater || p.stopping || time.Now().Before(p.holdUntil) {
+	if p.gathered == 0 || p.stopping || time.Now().Before(p.holdUntil) {
+		return
+	}
+	if p.outstanding > 0 && (p.outstanding > p.lowWater || p.gathered < p.minBatch) {
 		return
 	}
 	req, _ := json.Marshal(struct {
