@@ -207,6 +207,9 @@ func (a *Agent) Start(ctx context.Context) error {
 	}
 	a.runner.Go(a.replies.expireLoop)
 	a.recorder = newRecorder(a.js, a.replies, a.logger)
+	if err := a.batchEvents(); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
 	if a.control, err = a.nc.Subscribe(protocol.ControlSubject(a.cfg.ID), a.handleControl); err != nil {
 		return fmt.Errorf("agent: control subject: %w", err)
 	}
@@ -460,4 +463,21 @@ func (a *Agent) findJob(jobID string) *execution {
 func hostname() string {
 	h, _ := os.Hostname()
 	return h
+}
+
+// batchEvents has the recorder publish events in fast batches when the
+// events stream takes them (topology sets allow_batched; a server older
+// than 2.14 does not know it), one by one otherwise.
+func (a *Agent) batchEvents() error {
+	if !a.events.CachedInfo().Config.AllowBatchPublish {
+		a.logger.Info("the events stream takes no fast batches (allow_batched); events are published one by one")
+		return nil
+	}
+	batches, err := newEventBatches(a.recorder, a.nc, protocol.EventBatchCommitSubject(a.cfg.ID), a.logger)
+	if err != nil {
+		return err
+	}
+	a.recorder.batches = batches
+	a.runner.Go(batches.expireLoop)
+	return nil
 }

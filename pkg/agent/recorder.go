@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -24,6 +25,9 @@ import (
 type recorder struct {
 	js      jetstream.JetStream // for events that must be stored before the caller goes on
 	replies *replies
+	// batches, when the events stream takes fast batches, carries every
+	// event's first try; resends go one by one through replies.
+	batches *eventBatches
 	logger  *slog.Logger
 
 	// inflight counts events not yet confirmed or given up, for flush.
@@ -144,11 +148,20 @@ func (r *recorder) publish(e *pendingEvent) {
 	}
 	e.tries++
 	r.inflight.Add(1)
+	if e.tries == 1 && r.batches != nil && r.batches.send(e) {
+		return
+	}
 	if err := r.replies.send(e.msg, e); err != nil {
 		r.logger.Error("publish job event", "subject", e.msg.Subject, telemetry.LogError, err)
 		r.settle(e)
 		r.inflight.Done()
 	}
+}
+
+// stored settles an event a batch answer confirmed.
+func (e *pendingEvent) stored() {
+	e.r.settle(e)
+	e.r.inflight.Done()
 }
 
 // answered checks the event's publish ack and sends a failed event again.
@@ -167,7 +180,11 @@ func (e *pendingEvent) answered(body []byte, err error) {
 		r.settle(e)
 		r.inflight.Done()
 	case e.tries < maxEventTries:
-		r.logger.Warn("job event not stored; sending again", "subject", e.msg.Subject, "try", e.tries, telemetry.LogError, err)
+		level := slog.LevelWarn
+		if errors.Is(err, errBatchNotStored) {
+			level = slog.LevelDebug // the batch's end was logged once for all its events
+		}
+		r.logger.Log(context.Background(), level, "job event not stored; sending again", "subject", e.msg.Subject, "try", e.tries, telemetry.LogError, err)
 		go func() {
 			time.Sleep(time.Duration(e.tries) * 100 * time.Millisecond) // back off before resending
 			if r.superseded(e) {
@@ -186,6 +203,9 @@ func (e *pendingEvent) answered(body []byte, err error) {
 
 // flush waits until every event so far is confirmed or given up, or ctx ends.
 func (r *recorder) flush(ctx context.Context) error {
+	if r.batches != nil {
+		r.batches.commitNow()
+	}
 	if waitFor(ctx, r.inflight.Wait) {
 		return nil
 	}
@@ -199,4 +219,7 @@ func (r *recorder) close(ctx context.Context) {
 	r.closed = true
 	r.sendMu.Unlock()
 	_ = r.flush(ctx)
+	if r.batches != nil {
+		r.batches.close()
+	}
 }

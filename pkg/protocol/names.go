@@ -105,6 +105,13 @@ func JobEventSubject(queue, kind, eventType, jobID string) string {
 	return "events.job." + queue + "." + kind + "." + eventType + "." + JobToken(jobID)
 }
 
+// EventBatchCommitSubject is where an agent ends a fast batch of its job
+// events (JetStream's end-of-batch commit, which is not stored):
+// events.batch.<agent id>. Readers of job events never see it.
+func EventBatchCommitSubject(agentID string) string {
+	return "events.batch." + agentID
+}
+
 // JobEventsOfJob matches every event of one job; the last message on it is
 // the job's status.
 func JobEventsOfJob(queue, kind, jobID string) string {

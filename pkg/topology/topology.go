@@ -77,6 +77,8 @@ func Streams(c Config) []jetstream.StreamConfig {
 			Replicas:    c.Replicas,
 			Duplicates:  min(2*time.Minute, c.EventsMaxAge),
 			AllowDirect: true,
+			// Agents publish their events in fast batches (server 2.14+).
+			AllowBatchPublish: true,
 		},
 		{
 			Name:        protocol.StreamAdvisories,
@@ -229,6 +231,7 @@ func reconcileStream(have, want jetstream.StreamConfig, allowDestructive bool) (
 	next.Replicas = want.Replicas
 	next.Duplicates = want.Duplicates
 	next.AllowDirect = want.AllowDirect
+	next.AllowBatchPublish = want.AllowBatchPublish
 	if streamManagedEqual(have, next) {
 		return nil, nil
 	}
@@ -239,7 +242,8 @@ func streamManagedEqual(a, b jetstream.StreamConfig) bool {
 	return a.Description == b.Description && a.Discard == b.Discard &&
 		sameLimit(a.MaxMsgs, b.MaxMsgs) && sameLimit(a.MaxBytes, b.MaxBytes) && a.MaxAge == b.MaxAge &&
 		sameLimit(a.MaxMsgsPerSubject, b.MaxMsgsPerSubject) && sameLimit(int64(a.MaxMsgSize), int64(b.MaxMsgSize)) &&
-		a.Replicas == b.Replicas && a.Duplicates == b.Duplicates && a.AllowDirect == b.AllowDirect
+		a.Replicas == b.Replicas && a.Duplicates == b.Duplicates && a.AllowDirect == b.AllowDirect &&
+		a.AllowBatchPublish == b.AllowBatchPublish
 }
 
 func ensureBucket(ctx context.Context, js jetstream.JetStream, spec bucketSpec, allowDestructive bool) error {

@@ -1,0 +1,301 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+
+	"github.com/jetfleet/jetfleet/pkg/telemetry"
+)
+
+// eventBatches publishes an agent's job events as JetStream fast batches
+// (server 2.14+, a stream with allow_batched): the server confirms a batch
+// every few hundred events and once at its end, instead of answering each
+// event, which saves about a tenth of the CPU a no-op job costs the agent's
+// process and the server (docs/performance.md).
+//
+// A batch collects the events published within batchWindow (or
+// batchMaxEvents of them) and is then ended by a commit marker. It runs in
+// "gap: fail" mode, so every answer is exact: a flow ack with sequence N
+// says events 1..N of the batch are stored, and the batch's final publish
+// ack with count C says events 1..C are stored and none after C will be
+// (after an error or a gap the server ends the batch). An event of a
+// batch that is not confirmed — past C, refused, or without an answer
+// within asyncTimeout — is sent again on its own, as the recorder sends an
+// event that was not stored (superseded events are not).
+type eventBatches struct {
+	r             *recorder
+	nc            *nats.Conn
+	logger        *slog.Logger
+	inbox         string // answers arrive on <inbox>.<batch id>.<flow>.fail.<seq>.<op>.$FI
+	commitSubject string
+	window        time.Duration
+	sub           *nats.Subscription
+
+	mu      sync.Mutex
+	current *eventBatch            // taking events; nil until the next event
+	open    map[string]*eventBatch // sent and not settled, by id
+	// pausedUntil stops batching for a while after the server refused a
+	// batch (another server version, a changed stream, too many batches).
+	pausedUntil time.Time
+}
+
+// eventBatch is one fast batch: events[i] has batch sequence i+1.
+type eventBatch struct {
+	id        string
+	reply     string // <inbox>.<id>.<flow>.fail.
+	events    []*pendingEvent
+	confirmed int // events[:confirmed] are stored
+	committed bool
+	deadline  time.Time // once committed: answers past it are given up on
+}
+
+const (
+	// batchWindow is how long a batch takes events before it is committed:
+	// the longest an event of a quiet agent waits for its confirmation.
+	batchWindow = 20 * time.Millisecond
+	// batchMaxEvents ends a batch early under load.
+	batchMaxEvents = 2000
+	// batchFlow is the most events the server may store between two flow
+	// acks of a batch (it sends them more often while several batches run).
+	batchFlow = 500
+	// batchPause is how long events go out one by one after a refusal.
+	batchPause = 5 * time.Second
+
+	// The operations of a fast-batch message (the server's FastBatchOp*).
+	batchOpStart     = "0"
+	batchOpAppend    = "1"
+	batchOpCommitEOB = "3" // ends the batch without a message of its own
+	batchReplySuffix = ".$FI"
+)
+
+// errBatchNotStored is what an event of a batch that ended before it was
+// stored is resent with.
+var (
+	errBatchNotStored  = errors.New("event batch ended before the event was stored")
+	errBatchUnanswered = fmt.Errorf("%w: no answer from the server in time", errBatchNotStored)
+)
+
+func newEventBatches(r *recorder, nc *nats.Conn, commitSubject string, logger *slog.Logger) (*eventBatches, error) {
+	b := &eventBatches{r: r, nc: nc, logger: logger, inbox: nc.NewInbox(), commitSubject: commitSubject,
+		window: batchWindow, open: map[string]*eventBatch{}}
+	sub, err := nc.Subscribe(b.inbox+".>", b.receive)
+	if err != nil {
+		return nil, err
+	}
+	// Every answer is awaited: never drop one.
+	_ = sub.SetPendingLimits(-1, -1)
+	b.sub = sub
+	return b, nil
+}
+
+// send publishes e in the current batch and reports true, or reports false
+// when batching is paused or the publish failed: the caller sends e on its
+// own.
+func (b *eventBatches) send(e *pendingEvent) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.pausedUntil.IsZero() && time.Now().Before(b.pausedUntil) {
+		return false
+	}
+	batch := b.current
+	if batch == nil {
+		id := nuid.Next()
+		batch = &eventBatch{id: id, reply: b.inbox + "." + id + "." + strconv.Itoa(batchFlow) + ".fail."}
+		b.current = batch
+		b.open[id] = batch
+		time.AfterFunc(b.window, func() { b.commit(batch) })
+	}
+	seq := len(batch.events) + 1
+	op := batchOpAppend
+	if seq == 1 {
+		op = batchOpStart
+	}
+	// Sequence and publish under one lock: the server takes a batch's
+	// messages in order, a gap ends it.
+	e.msg.Reply = batch.reply + strconv.Itoa(seq) + "." + op + batchReplySuffix
+	if err := b.nc.PublishMsg(e.msg); err != nil {
+		e.msg.Reply = ""
+		if seq == 1 {
+			b.current = nil
+			delete(b.open, batch.id)
+		}
+		return false
+	}
+	batch.events = append(batch.events, e)
+	if len(batch.events) >= batchMaxEvents {
+		b.commitLocked(batch)
+	}
+	return true
+}
+
+// commit ends batch if it still takes events.
+func (b *eventBatches) commit(batch *eventBatch) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.commitLocked(batch)
+}
+
+// commitNow ends the current batch, so its events are confirmed without
+// waiting for the window (flush, close).
+func (b *eventBatches) commitNow() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.current != nil {
+		b.commitLocked(b.current)
+	}
+}
+
+func (b *eventBatches) commitLocked(batch *eventBatch) {
+	if batch.committed {
+		return
+	}
+	batch.committed = true
+	batch.deadline = time.Now().Add(asyncTimeout)
+	if b.current == batch {
+		b.current = nil
+	}
+	msg := &nats.Msg{Subject: b.commitSubject,
+		Reply: batch.reply + strconv.Itoa(len(batch.events)+1) + "." + batchOpCommitEOB + batchReplySuffix}
+	if err := b.nc.PublishMsg(msg); err != nil {
+		// No answer will come: the expiry sends the events on their own.
+		b.logger.Warn("event batch commit not sent", telemetry.LogError, err)
+	}
+}
+
+// batchAnswer is any answer the server sends about a fast batch: a flow
+// ack ({"type":"ack","seq":N}), a gap or error report ("gap", "err"), or
+// the batch's publish ack ({"stream":…,"batch":…,"count":C} or
+// {"error":…}).
+type batchAnswer struct {
+	Type  string `json:"type"`
+	Seq   uint64 `json:"seq"`
+	Batch string `json:"batch"`
+	Count int    `json:"count"`
+	Error *struct {
+		Code        int    `json:"code"`
+		ErrCode     int    `json:"err_code"`
+		Description string `json:"description"`
+	} `json:"error"`
+}
+
+func (b *eventBatches) receive(m *nats.Msg) {
+	rest := strings.TrimPrefix(m.Subject, b.inbox+".")
+	id, _, _ := strings.Cut(rest, ".")
+	var answer batchAnswer
+	var refusal error
+	switch {
+	case len(m.Data) == 0 && m.Header.Get("Status") == "503":
+		refusal = errNoResponders
+	case json.Unmarshal(m.Data, &answer) != nil:
+		refusal = fmt.Errorf("undecodable answer to an event batch: %q", m.Data)
+	case answer.Error != nil:
+		refusal = fmt.Errorf("%s (code %d, error code %d)", answer.Error.Description, answer.Error.Code, answer.Error.ErrCode)
+	}
+
+	b.mu.Lock()
+	batch := b.open[id]
+	if batch == nil {
+		b.mu.Unlock()
+		return // settled already: answers to events sent after the batch ended
+	}
+	var stored, lost []*pendingEvent
+	switch {
+	case refusal != nil:
+		b.pausedUntil = time.Now().Add(batchPause)
+		lost = b.endLocked(batch, batch.confirmed)
+	case answer.Type == "ack":
+		stored = batch.confirmLocked(int(min(answer.Seq, uint64(len(batch.events)))))
+	case answer.Type == "gap" || answer.Type == "err":
+		// The batch's publish ack follows and says what was stored.
+		b.logger.Warn("event batch reports a problem", "batch", id, "answer", string(m.Data))
+	case answer.Batch != "":
+		count := min(max(answer.Count, 0), len(batch.events))
+		stored = batch.confirmLocked(count)
+		lost = b.endLocked(batch, count)
+	}
+	b.mu.Unlock()
+
+	switch {
+	case refusal != nil:
+		b.logger.Warn("event batch refused; its events are sent one by one, and so are all events for a while",
+			"batch", id, "events", len(lost), "pause", batchPause, telemetry.LogError, refusal)
+	case len(lost) > 0:
+		b.logger.Warn("event batch ended before all its events were stored (a gap or an error); the rest are sent one by one",
+			"batch", id, "events", len(lost))
+	}
+	for _, e := range stored {
+		e.stored()
+	}
+	for _, e := range lost {
+		e.answered(nil, errBatchNotStored)
+	}
+}
+
+// confirmLocked marks events[:n] stored and returns those not marked before.
+func (batch *eventBatch) confirmLocked(n int) []*pendingEvent {
+	if n <= batch.confirmed {
+		return nil
+	}
+	stored := batch.events[batch.confirmed:n]
+	batch.confirmed = n
+	return stored
+}
+
+// endLocked forgets batch and returns its events past the first n, which
+// were not stored.
+func (b *eventBatches) endLocked(batch *eventBatch, n int) []*pendingEvent {
+	delete(b.open, batch.id)
+	if b.current == batch {
+		b.current = nil
+	}
+	batch.committed = true
+	lost := batch.events[max(n, batch.confirmed):]
+	batch.confirmed = len(batch.events)
+	return lost
+}
+
+// expireLoop gives up on batches unanswered past their deadline (a lost
+// answer, a stream leader change): their unconfirmed events are sent again
+// on their own.
+func (b *eventBatches) expireLoop(ctx context.Context) {
+	t := time.NewTicker(max(asyncTimeout/100, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			b.expire(now)
+		}
+	}
+}
+
+func (b *eventBatches) expire(now time.Time) {
+	var lost []*pendingEvent
+	b.mu.Lock()
+	for _, batch := range b.open {
+		if batch.committed && now.After(batch.deadline) {
+			lost = append(lost, b.endLocked(batch, batch.confirmed)...)
+		}
+	}
+	b.mu.Unlock()
+	if len(lost) > 0 {
+		b.logger.Warn("event batch unanswered; its events are sent one by one", "events", len(lost))
+	}
+	for _, e := range lost {
+		e.answered(nil, errBatchUnanswered)
+	}
+}
+
+// close ends the answers' subscription.
+func (b *eventBatches) close() { _ = b.sub.Unsubscribe() }
