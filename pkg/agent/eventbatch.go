@@ -164,6 +164,9 @@ func (b *eventBatches) commitLocked(batch *eventBatch) {
 	if b.current == batch {
 		b.current = nil
 	}
+	if len(batch.events) == 0 {
+		return // its first event was never sent: the server knows no such batch
+	}
 	msg := &nats.Msg{Subject: b.commitSubject,
 		Reply: batch.reply + strconv.Itoa(len(batch.events)+1) + "." + batchOpCommitEOB + batchReplySuffix}
 	if err := b.nc.PublishMsg(msg); err != nil {
@@ -267,18 +270,7 @@ func (b *eventBatches) endLocked(batch *eventBatch, n int) []*pendingEvent {
 // expireLoop gives up on batches unanswered past their deadline (a lost
 // answer, a stream leader change): their unconfirmed events are sent again
 // on their own.
-func (b *eventBatches) expireLoop(ctx context.Context) {
-	t := time.NewTicker(max(asyncTimeout/100, 10*time.Millisecond))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			b.expire(now)
-		}
-	}
-}
+func (b *eventBatches) expireLoop(ctx context.Context) { expireEvery(ctx, asyncTimeout, b.expire) }
 
 func (b *eventBatches) expire(now time.Time) {
 	var lost []*pendingEvent

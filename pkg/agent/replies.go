@@ -114,15 +114,20 @@ func (r *replies) receive(m *nats.Msg) {
 // expireLoop tells the waiters of messages unanswered past their deadline,
 // until ctx ends. It looks often, so an answer is given up on close to its
 // deadline; the waiting set is only as large as the jobs being answered.
-func (r *replies) expireLoop(ctx context.Context) {
-	t := time.NewTicker(max(r.timeout/100, 10*time.Millisecond))
+func (r *replies) expireLoop(ctx context.Context) { expireEvery(ctx, r.timeout, r.expire) }
+
+// expireEvery calls expire a hundred times per timeout (at most every 10ms)
+// until ctx ends, so what waits for an answer is given up on close to its
+// deadline.
+func expireEvery(ctx context.Context, timeout time.Duration, expire func(now time.Time)) {
+	t := time.NewTicker(max(timeout/100, 10*time.Millisecond))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			r.expire(now)
+			expire(now)
 		}
 	}
 }
