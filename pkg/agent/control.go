@@ -28,8 +28,13 @@ func (a *Agent) handleControl(m *nats.Msg) {
 	}
 	switch cmd.GetAction() {
 	case protocol.CommandCancel, protocol.CommandTimeout:
+		// A job whose answer is decided (its event published, its ack or
+		// NAK on the way) is no longer running, though the agent still
+		// tracks it for a moment: cancelling it would change nothing, and
+		// the scheduler's cancel_previous must learn that it is between
+		// attempts.
 		ex := a.findJob(cmd.GetJobId())
-		if ex == nil {
+		if ex == nil || ex.settled.Load() {
 			reply(protocol.Errorf(protocol.CodeNotFound, "job %s is not running on agent %s", cmd.GetJobId(), a.cfg.ID))
 			return
 		}
