@@ -473,7 +473,7 @@ func (a *Agent) batchEvents() error {
 		a.logger.Info("the events stream takes no fast batches (allow_batched); events are published one by one")
 		return nil
 	}
-	batches, err := newEventBatches(a.recorder, a.nc, protocol.EventBatchCommitSubject(a.cfg.ID), a.logger)
+	batches, err := newEventBatches(a.nc, protocol.EventBatchCommitSubject(a.cfg.ID), a.logger)
 	if err != nil {
 		return err
 	}

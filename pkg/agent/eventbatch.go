@@ -33,7 +33,6 @@ import (
 // within asyncTimeout — is sent again on its own, as the recorder sends an
 // event that was not stored (superseded events are not).
 type eventBatches struct {
-	r             *recorder
 	nc            *nats.Conn
 	logger        *slog.Logger
 	inbox         string // answers arrive on <inbox>.<batch id>.<flow>.fail.<seq>.<op>.$FI
@@ -85,8 +84,8 @@ var (
 	errBatchUnanswered = fmt.Errorf("%w: no answer from the server in time", errBatchNotStored)
 )
 
-func newEventBatches(r *recorder, nc *nats.Conn, commitSubject string, logger *slog.Logger) (*eventBatches, error) {
-	b := &eventBatches{r: r, nc: nc, logger: logger, inbox: nc.NewInbox(), commitSubject: commitSubject,
+func newEventBatches(nc *nats.Conn, commitSubject string, logger *slog.Logger) (*eventBatches, error) {
+	b := &eventBatches{nc: nc, logger: logger, inbox: nc.NewInbox(), commitSubject: commitSubject,
 		window: batchWindow, open: map[string]*eventBatch{}}
 	sub, err := nc.Subscribe(b.inbox+".>", b.receive)
 	if err != nil {
@@ -212,6 +211,7 @@ func (b *eventBatches) receive(m *nats.Msg) {
 		return // settled already: answers to events sent after the batch ended
 	}
 	var stored, lost []*pendingEvent
+	var report bool
 	switch {
 	case refusal != nil:
 		b.pausedUntil = time.Now().Add(batchPause)
@@ -220,7 +220,7 @@ func (b *eventBatches) receive(m *nats.Msg) {
 		stored = batch.confirmLocked(int(min(answer.Seq, uint64(len(batch.events)))))
 	case answer.Type == "gap" || answer.Type == "err":
 		// The batch's publish ack follows and says what was stored.
-		b.logger.Warn("event batch reports a problem", "batch", id, "answer", string(m.Data))
+		report = true
 	case answer.Batch != "":
 		count := min(max(answer.Count, 0), len(batch.events))
 		stored = batch.confirmLocked(count)
@@ -229,6 +229,8 @@ func (b *eventBatches) receive(m *nats.Msg) {
 	b.mu.Unlock()
 
 	switch {
+	case report:
+		b.logger.Warn("event batch reports a problem", "batch", id, "answer", string(m.Data))
 	case refusal != nil:
 		b.logger.Warn("event batch refused; its events are sent one by one, and so are all events for a while",
 			"batch", id, "events", len(lost), "pause", batchPause, telemetry.LogError, refusal)

@@ -128,7 +128,7 @@ func TestBatchedEventsSurviveAnEventsLeaderChange(t *testing.T) {
 func startBatchingRecorder(t *testing.T, nc *nats.Conn, js jetstream.JetStream) (*recorder, *eventBatches) {
 	t.Helper()
 	r := startRecorder(t, nc, js)
-	b, err := newEventBatches(r, nc, protocol.EventBatchCommitSubject("test-agent"), fleettest.Logger(t))
+	b, err := newEventBatches(nc, protocol.EventBatchCommitSubject("test-agent"), fleettest.Logger(t))
 	require.NoError(t, err)
 	r.batches = b
 	ctx, cancel := context.WithCancel(context.Background())
