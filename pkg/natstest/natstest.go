@@ -5,6 +5,7 @@ package natstest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"testing"
@@ -136,6 +137,7 @@ func StartCluster(t testing.TB, n int) *Cluster {
 		}
 	})
 	c.WaitForMetaLeader(t, 30*time.Second)
+	c.WaitForPlacement(t, 30*time.Second)
 	return c
 }
 
@@ -162,6 +164,44 @@ func (c *Cluster) WaitForMetaLeader(t testing.TB, timeout time.Duration) {
 		time.Sleep(50 * time.Millisecond) // polling an external condition; no event to wait on
 	}
 }
+
+// WaitForPlacement waits until the cluster can place a stream on every node,
+// which needs every node to have sent the stats the placement reads. Before
+// that, creating one fails with "no suitable peers for placement, peer
+// offline" (JetStream error 10005; seen on a loaded machine). The server
+// offers no event for it, so this probes: it creates and deletes a small
+// stream with a replica on each node.
+func (c *Cluster) WaitForPlacement(t testing.TB, timeout time.Duration) {
+	t.Helper()
+	js, err := jetstream.New(ConnectURL(t, c.URLs()))
+	if err != nil {
+		t.Fatalf("natstest: jetstream: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for {
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PLACEMENT_PROBE", Subjects: []string{"natstest.placement.probe"},
+			Replicas: len(c.Servers), Storage: jetstream.MemoryStorage})
+		if err == nil {
+			if err := js.DeleteStream(ctx, "PLACEMENT_PROBE"); err != nil {
+				t.Fatalf("natstest: delete the placement probe: %v", err)
+			}
+			return
+		}
+		var apiErr *jetstream.APIError
+		if !errors.As(err, &apiErr) || apiErr.ErrorCode != jsErrCodeNoPeers {
+			t.Fatalf("natstest: placement probe: %v", err)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("natstest: the cluster cannot place an R%d stream after %s: %v", len(c.Servers), timeout, err)
+		case <-time.After(20 * time.Millisecond): // polling the servers' state: there is no event to wait on
+		}
+	}
+}
+
+// jsErrCodeNoPeers is JetStream's "no suitable peers for placement".
+const jsErrCodeNoPeers jetstream.ErrorCode = 10005
 
 func freePort(t testing.TB) int {
 	t.Helper()

@@ -1,14 +1,12 @@
 package scheduler_test
 
 import (
-	"errors"
 	"fmt"
 	"sort"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -233,7 +231,6 @@ func TestStaleLeaderPublishIsRejectedAsDuplicate(t *testing.T) {
 	t.Run("three-node cluster, R3", func(t *testing.T) {
 		t.Parallel()
 		cluster := natstest.StartCluster(t, 3)
-		waitForPlacement(t, cluster.URLs())
 		staleLeaderTest(t, newFleetURL(t, cluster.URLs(), topology.Config{Replicas: 3}))
 	})
 }
@@ -292,35 +289,3 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	return sum
 }
-
-// waitForPlacement waits until the cluster can place an R3 stream, which
-// needs every node to have sent the stats the placement reads. Before that,
-// creating one fails with "no suitable peers for placement, peer offline"
-// (JetStream error 10005; seen on a loaded machine). The server offers no
-// event for it, so this probes: it creates and deletes a small stream.
-func waitForPlacement(t *testing.T, url string) {
-	t.Helper()
-	js, err := jetstream.New(natstest.ConnectURL(t, url))
-	require.NoError(t, err)
-	c := ctx(t, 30*time.Second)
-	for {
-		_, err := js.CreateStream(c, jetstream.StreamConfig{Name: "PLACEMENT_PROBE", Subjects: []string{"placement.probe"},
-			Replicas: 3, Storage: jetstream.MemoryStorage})
-		if err == nil {
-			require.NoError(t, js.DeleteStream(c, "PLACEMENT_PROBE"))
-			return
-		}
-		var apiErr *jetstream.APIError
-		if !errors.As(err, &apiErr) || apiErr.ErrorCode != jsErrCodeNoPeers {
-			require.NoError(t, err)
-		}
-		select {
-		case <-c.Done():
-			t.Fatalf("the cluster cannot place an R3 stream: %v", err)
-		case <-time.After(20 * time.Millisecond): // polling the servers' state: there is no event to wait on
-		}
-	}
-}
-
-// jsErrCodeNoPeers is JetStream's "no suitable peers for placement".
-const jsErrCodeNoPeers jetstream.ErrorCode = 10005
