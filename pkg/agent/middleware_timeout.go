@@ -3,6 +3,8 @@ package agent
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -16,11 +18,13 @@ func Timeout() Middleware {
 			if job.Deadline.IsZero() {
 				return next(ctx, job)
 			}
-			ctx, cancel := context.WithDeadline(ctx, job.Deadline)
-			defer cancel()
+			dc := newDeadlineContext(ctx, job.Deadline)
+			defer dc.end(context.Canceled)
 			start := time.Now()
-			err := next(ctx, job)
-			if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) && context.Cause(ctx) == context.DeadlineExceeded {
+			err := next(dc, job)
+			// Only the deadline ends dc with DeadlineExceeded: its parent, the
+			// job's own context, has none and ends with Canceled.
+			if err != nil && dc.Err() == context.DeadlineExceeded {
 				var te *TimeoutError
 				if !errors.As(err, &te) {
 					return &TimeoutError{Timeout: job.Deadline.Sub(start).Round(time.Millisecond)}
@@ -29,4 +33,143 @@ func Timeout() Middleware {
 			return err
 		}
 	}
+}
+
+// deadlineContext is what context.WithDeadline returns, except that it
+// arms its timer, and joins its parent's cancellation, only when Done is
+// first called. Most quick jobs return without waiting on their context,
+// and context.WithDeadline costs them a timer, a child entry in the
+// parent and seven allocations (0.6 µs, about 2% of a no-op job's CPU);
+// this costs one allocation. Until Done is called, Err reads the clock and
+// the parent instead. context.Cause gives DeadlineExceeded once the
+// deadline passed, or the parent's cause once the parent ended, as for the
+// standard one, except that a cause the parent gets after the deadline
+// passed wins over DeadlineExceeded.
+type deadlineContext struct {
+	context.Context // the parent, for values and its own end
+
+	deadline time.Time
+	done     atomic.Pointer[chan struct{}] // set by the first Done or by end
+
+	mu         sync.Mutex
+	err        error       // set once, when the context ends
+	timer      *time.Timer // armed by Done
+	stopParent func() bool // stops the parent's AfterFunc, armed by Done
+	afterFuncs map[*func()]struct{}
+}
+
+func newDeadlineContext(parent context.Context, deadline time.Time) *deadlineContext {
+	return &deadlineContext{Context: parent, deadline: deadline}
+}
+
+// closedDone is the Done channel of a context that ended before anyone
+// asked for one.
+var closedDone = func() *chan struct{} { c := make(chan struct{}); close(c); return &c }()
+
+func (c *deadlineContext) Deadline() (time.Time, bool) {
+	if d, ok := c.Context.Deadline(); ok && d.Before(c.deadline) {
+		return d, true
+	}
+	return c.deadline, true
+}
+
+func (c *deadlineContext) Done() <-chan struct{} {
+	if d := c.done.Load(); d != nil {
+		return *d
+	}
+	c.mu.Lock()
+	if d := c.done.Load(); d != nil { // ended, or armed, meanwhile
+		c.mu.Unlock()
+		return *d
+	}
+	d := make(chan struct{})
+	c.done.Store(&d)
+	c.mu.Unlock()
+	// Armed outside the lock: both may call end at once.
+	stopParent := context.AfterFunc(c.Context, func() { c.end(c.Context.Err()) })
+	timer := time.AfterFunc(time.Until(c.deadline), func() { c.end(context.DeadlineExceeded) })
+	c.mu.Lock()
+	c.stopParent, c.timer = stopParent, timer
+	ended := c.err != nil
+	c.mu.Unlock()
+	if ended { // it ended while arming: disarm what end could not
+		stopParent()
+		timer.Stop()
+	}
+	return d
+}
+
+func (c *deadlineContext) Err() error {
+	c.mu.Lock()
+	err := c.err
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	// Not ended yet as far as a timer or the parent told: ask them.
+	if err := c.Context.Err(); err != nil {
+		return c.end(err)
+	}
+	if !time.Now().Before(c.deadline) {
+		return c.end(context.DeadlineExceeded)
+	}
+	return nil
+}
+
+// AfterFunc lets context.WithCancel and its siblings join this context's
+// end without a goroutine per child (the standard library looks for it).
+func (c *deadlineContext) AfterFunc(f func()) (stop func() bool) {
+	c.Done() // a child waits on this context: it needs its timer
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		go f()
+		return func() bool { return false }
+	}
+	if c.afterFuncs == nil {
+		c.afterFuncs = map[*func()]struct{}{}
+	}
+	key := &f
+	c.afterFuncs[key] = struct{}{}
+	c.mu.Unlock()
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		_, waiting := c.afterFuncs[key]
+		delete(c.afterFuncs, key)
+		return waiting
+	}
+}
+
+// end ends the context with err unless it ended already, and returns the
+// error it ended with.
+func (c *deadlineContext) end(err error) error {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return c.err
+	}
+	c.err = err
+	if d := c.done.Load(); d != nil {
+		close(*d)
+	} else {
+		c.done.Store(closedDone)
+	}
+	timer, stopParent, afterFuncs := c.timer, c.stopParent, c.afterFuncs
+	c.afterFuncs = nil
+	c.mu.Unlock()
+	if timer != nil {
+		timer.Stop()
+	}
+	if stopParent != nil {
+		stopParent()
+	}
+	for f := range afterFuncs {
+		go (*f)()
+	}
+	return err
+}
+
+func (c *deadlineContext) String() string {
+	return "agent.deadlineContext(" + c.deadline.String() + ")"
 }
