@@ -3,7 +3,9 @@ package agent
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -121,20 +123,197 @@ func TestDeadlineContextChildrenAndAfterFuncsEndWithIt(t *testing.T) {
 	called.Wait()
 }
 
-func TestDeadlineContextIsSafeForConcurrentUse(t *testing.T) {
+func TestDeadlineContextPassedDeadlineWinsOverAParentEndNoticedLater(t *testing.T) {
 	t.Parallel()
-	for range 200 {
-		dc := newDeadlineContext(context.Background(), time.Now().Add(time.Microsecond))
+	parent, cancel := context.WithCancelCause(context.Background())
+	deadline := time.Now().Add(10 * time.Millisecond)
+	dc := newDeadlineContext(parent, deadline)
+	waitUntil(deadline)
+	cancel(errors.New("timeout command"))
+	assert.Equal(t, context.DeadlineExceeded, dc.Err())
+}
+
+// TestTimeoutReportsAHandlerThatIgnoredItsContext runs the middleware with
+// handlers that never ask for Done: a deadline passed is still reported
+// as a *TimeoutError, and a job context cancelled before it is not.
+func TestTimeoutReportsAHandlerThatIgnoredItsContext(t *testing.T) {
+	t.Parallel()
+	late := errors.New("late")
+	run := func(ctx context.Context, deadline time.Time, handler Handler) error {
+		return Timeout()(handler)(ctx, &Job{Deadline: deadline})
+	}
+
+	deadline := time.Now().Add(10 * time.Millisecond)
+	err := run(context.Background(), deadline, func(context.Context, *Job) error { waitUntil(deadline); return late })
+	var te *TimeoutError
+	assert.ErrorAs(t, err, &te, "returned after its deadline")
+
+	parent, cancel := context.WithCancelCause(context.Background())
+	cancel(errors.New("cancel command"))
+	err = run(parent, time.Now().Add(time.Hour), func(context.Context, *Job) error { return late })
+	assert.Equal(t, late, err, "cancelled before its deadline")
+
+	parent, cancel = context.WithCancelCause(context.Background())
+	deadline = time.Now().Add(10 * time.Millisecond)
+	err = run(parent, deadline, func(context.Context, *Job) error {
+		waitUntil(deadline)
+		cancel(errors.New("timeout command"))
+		return late
+	})
+	assert.ErrorAs(t, err, &te, "deadline passed, then the job context cancelled")
+}
+
+// waitUntil returns once t has passed, on a timer of the standard library.
+func waitUntil(t time.Time) {
+	ctx, cancel := context.WithDeadline(context.Background(), t)
+	defer cancel()
+	<-ctx.Done()
+}
+
+// countingParent is a cancellable parent that counts the AfterFunc
+// registrations it holds. It hides its cancelCtx from Value, so the
+// standard library joins it through AfterFunc, as a custom parent.
+type countingParent struct {
+	context.Context
+	cancel context.CancelFunc
+	live   atomic.Int64
+}
+
+func newCountingParent() *countingParent {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &countingParent{Context: ctx, cancel: cancel}
+}
+
+func (p *countingParent) Value(key any) any {
+	if _, ok := key.(*int); ok { // the context package's cancelCtxKey
+		return nil
+	}
+	return p.Context.Value(key)
+}
+
+func (p *countingParent) AfterFunc(f func()) func() bool {
+	p.live.Add(1)
+	var once sync.Once
+	release := func() { once.Do(func() { p.live.Add(-1) }) }
+	stop := context.AfterFunc(p.Context, func() { release(); f() })
+	return func() bool {
+		stopped := stop()
+		if stopped {
+			release()
+		}
+		return stopped
+	}
+}
+
+// TestDeadlineContextLeavesNoRegistrationInItsParent races Done, Err, the
+// owner's end and the deadline: once ended, the context holds nothing in
+// its parent (a timer or a registration left would keep it alive).
+func TestDeadlineContextLeavesNoRegistrationInItsParent(t *testing.T) {
+	t.Parallel()
+	for i := range 2000 {
+		p := newCountingParent()
+		deadline := time.Now().Add(time.Duration(i%3) * time.Microsecond)
+		if i%5 == 0 {
+			deadline = time.Now().Add(time.Hour)
+		}
+		dc := newDeadlineContext(p, deadline)
 		var wg sync.WaitGroup
-		for range 4 {
+		wg.Go(func() { <-dc.Done() })
+		wg.Go(func() { dc.Done() })
+		wg.Go(func() { _ = dc.Err() })
+		wg.Go(func() { runtime.Gosched(); dc.end(context.Canceled) })
+		wg.Wait()
+		// A timer that fired ends the context on a goroutine of its own,
+		// which nothing here can wait on: that end may still be under way.
+		require.Eventually(t, func() bool { return p.live.Load() == 0 }, time.Second, 50*time.Microsecond,
+			"run %d: registrations left in the parent", i)
+		dc.mu.Lock()
+		timer := dc.timer
+		dc.mu.Unlock()
+		if timer != nil {
+			require.False(t, timer.Stop(), "run %d: the timer of an ended context still runs", i)
+		}
+		p.cancel()
+	}
+}
+
+// TestDeadlineContextKeepsItsContractUnderConcurrentUse races readers,
+// AfterFuncs (some stopped), children (some cancelled), the parent's end,
+// the owner's end and the deadline. Err never reports an end while Done is
+// open and never changes; every AfterFunc either runs or is stopped,
+// exactly once; nothing stays registered.
+func TestDeadlineContextKeepsItsContractUnderConcurrentUse(t *testing.T) {
+	t.Parallel()
+	for i := range 1000 {
+		parent, cancel := context.WithCancelCause(context.Background())
+		dc := newDeadlineContext(parent, time.Now().Add(time.Duration(i%50)*time.Microsecond))
+		var wg, afterFuncs sync.WaitGroup
+		for range 3 {
 			wg.Go(func() {
-				<-dc.Done()
-				assert.Error(t, dc.Err())
+				for {
+					err := dc.Err()
+					if err == nil {
+						runtime.Gosched()
+						continue
+					}
+					select {
+					case <-dc.Done():
+					default:
+						t.Errorf("Err is %v while Done is open", err)
+					}
+					assert.Equal(t, err, dc.Err(), "Err changed")
+					return
+				}
+			})
+			afterFuncs.Add(1)
+			wg.Go(func() {
+				stop := context.AfterFunc(dc, afterFuncs.Done) // Done twice would panic
+				if i%2 == 0 && stop() {
+					afterFuncs.Done()
+				}
+			})
+			wg.Go(func() {
+				child, cancelChild := context.WithCancel(dc)
+				if i%3 == 0 {
+					cancelChild()
+				}
+				<-child.Done()
+				cancelChild()
 			})
 		}
-		wg.Go(func() { dc.end(context.Canceled) })
+		if i%4 == 0 {
+			wg.Go(func() { cancel(errors.New("cause")) })
+		}
+		if i%7 == 0 {
+			wg.Go(func() { dc.end(context.Canceled) })
+		}
 		wg.Wait()
+		waited := make(chan struct{})
+		go func() { afterFuncs.Wait(); close(waited) }()
+		select {
+		case <-waited:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("run %d: an AfterFunc neither ran nor was stopped", i)
+		}
+		dc.end(context.Canceled)
+		dc.mu.Lock()
+		assert.Empty(t, dc.afterFuncs, "run %d", i)
+		dc.mu.Unlock()
+		cancel(nil)
 	}
+}
+
+func TestDeadlineContextForgetsCancelledChildren(t *testing.T) {
+	t.Parallel()
+	dc := newDeadlineContext(context.Background(), time.Now().Add(time.Hour))
+	defer dc.end(context.Canceled)
+	for range 100 {
+		_, cancelChild := context.WithCancel(dc)
+		cancelChild()
+	}
+	dc.mu.Lock()
+	defer dc.mu.Unlock()
+	assert.Empty(t, dc.afterFuncs)
 }
 
 // BenchmarkTimeoutContext compares the deadline context with
