@@ -103,7 +103,7 @@ func newEventBatches(nc *nats.Conn, commitSubject string, logger *slog.Logger) (
 func (b *eventBatches) send(e *pendingEvent) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.pausedUntil.IsZero() && time.Now().Before(b.pausedUntil) {
+	if time.Now().Before(b.pausedUntil) { // the zero time is long past
 		return false
 	}
 	batch := b.current
@@ -239,7 +239,7 @@ func (b *eventBatches) receive(m *nats.Msg) {
 			"batch", id, "events", len(lost))
 	}
 	for _, e := range stored {
-		e.stored()
+		e.finish()
 	}
 	for _, e := range lost {
 		e.answered(nil, errBatchNotStored)

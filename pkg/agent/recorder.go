@@ -158,8 +158,9 @@ func (r *recorder) publish(e *pendingEvent) {
 	}
 }
 
-// stored settles an event a batch answer confirmed.
-func (e *pendingEvent) stored() {
+// finish settles an event that needs nothing more: stored, superseded by
+// a newer event of its job, or given up on.
+func (e *pendingEvent) finish() {
 	e.r.settle(e)
 	e.r.inflight.Done()
 }
@@ -172,13 +173,11 @@ func (e *pendingEvent) answered(body []byte, err error) {
 	}
 	switch {
 	case err == nil:
-		r.settle(e)
-		r.inflight.Done()
+		e.finish()
 	case r.superseded(e):
 		r.logger.Warn("job event not stored; a newer event of the job went out, so it is not sent again",
 			"subject", e.msg.Subject, telemetry.LogError, err)
-		r.settle(e)
-		r.inflight.Done()
+		e.finish()
 	case e.tries < maxEventTries:
 		level := slog.LevelWarn
 		if errors.Is(err, errBatchNotStored) {
@@ -196,8 +195,7 @@ func (e *pendingEvent) answered(body []byte, err error) {
 		}()
 	default:
 		r.logger.Error("job event lost after retries", "subject", e.msg.Subject, telemetry.LogError, err)
-		r.settle(e)
-		r.inflight.Done()
+		e.finish()
 	}
 }
 
