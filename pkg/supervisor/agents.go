@@ -64,7 +64,11 @@ type goneAgent struct {
 type seenDelivery struct {
 	delivered uint64
 	agent     string
-	at        time.Time
+	// first is when a heartbeat first listed this delivery (supervisor
+	// clock): only a heartbeat received well after it can show that an
+	// earlier delivery is still held (see ackOverdueLocked). last is when
+	// one last listed it.
+	first, last time.Time
 }
 
 // deliveryKey names one delivery of a job message.
@@ -263,8 +267,14 @@ func (t *tracker) observe(hb *jetfleetpb.Heartbeat, seen time.Time) {
 	}
 	for _, j := range hb.GetJobs() {
 		seq := j.GetStreamSequence()
-		if sd, ok := t.seen[seq]; !ok || j.GetDelivered() >= sd.delivered {
-			t.seen[seq] = seenDelivery{delivered: j.GetDelivered(), agent: id, at: seen}
+		if sd, ok := t.seen[seq]; !ok || j.GetDelivered() > sd.delivered {
+			t.seen[seq] = seenDelivery{delivered: j.GetDelivered(), agent: id, first: seen, last: seen}
+		} else if j.GetDelivered() == sd.delivered {
+			sd.agent = id
+			if seen.After(sd.last) {
+				sd.last = seen
+			}
+			t.seen[seq] = sd
 		}
 		k := deliveryKey{seq, j.GetDelivered()}
 		if _, ok := t.starts[k]; !ok && j.GetDeadline() != nil && j.GetStartedAt() != nil {
@@ -382,7 +392,7 @@ func (t *tracker) check(ctx context.Context, now time.Time, leader bool) {
 		}
 	}
 	for seq, sd := range t.seen {
-		if now.Sub(sd.at) > retention {
+		if now.Sub(sd.last) > retention {
 			delete(t.seen, seq)
 		}
 	}
@@ -630,7 +640,7 @@ func (t *tracker) running(now time.Time) []RunningJob {
 				if st.failed || st.eventStored {
 					state = "timed_out"
 				}
-			} else if sd, ok := t.seen[k.seq]; ok && sd.delivered > k.delivered {
+			} else if t.ackOverdueLocked(a, j) {
 				state = "ack_overdue"
 			} else if start, ok := t.starts[k]; ok {
 				if timeout, ok := attemptTimeout(j); ok && now.Sub(start) > timeout {
@@ -647,6 +657,19 @@ func (t *tracker) running(now time.Time) []RunningJob {
 		return out[i].AgentID < out[j].AgentID
 	})
 	return out
+}
+
+// ackOverdueLocked reports whether agent a still holds delivery j although
+// JetStream delivered the job message again since (its ack or progress did
+// not arrive within AckWait). Heartbeats of two agents have different ages:
+// an agent that answered the job (a retry with a short backoff) lists it in
+// the heartbeat it sent before, while the agent running the next delivery
+// reports it at once. So the holder's listing only counts from a heartbeat
+// received one of its intervals after the later delivery was first seen:
+// that heartbeat was built after the redelivery.
+func (t *tracker) ackOverdueLocked(a *agentView, j *jetfleetpb.InFlightJob) bool {
+	sd, ok := t.seen[j.GetStreamSequence()]
+	return ok && sd.delivered > j.GetDelivered() && a.lastSeen.Sub(sd.first) >= interval(a.hb)
 }
 
 // heldSequences are the job messages agents not declared dead hold.

@@ -622,3 +622,63 @@ func TestRescueCarriesSnoozes(t *testing.T) {
 	assert.Equal(t, 2, <-attempts, "delivered 3 − 1 snooze")
 	assert.Equal(t, uint32(1), ok.GetSnoozes())
 }
+
+// TestAckOverdueNeedsAFreshHeartbeat: an agent answers a job with a retry
+// after a short backoff, and another agent reports the next delivery
+// before the first agent's next heartbeat, which still lists the first
+// delivery. Heartbeats of different ages say nothing about an overdue ack:
+// no ack_overdue until a heartbeat of the first agent sent one of its
+// intervals after the redelivery still lists the old delivery.
+func TestAckOverdueNeedsAFreshHeartbeat(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{Queues: map[string]topology.QueueConfig{"default": {AckWait: 60 * time.Second}}})
+	alerts := subscribe(t, f.nc, protocol.AlertSubject(protocol.SeverityWarning))
+	f.leader(t, fast(supervisor.Config{MissedHeartbeats: 50}), nil)
+	ctx := fleettest.Ctx(t, 30*time.Second)
+	seq := fleettest.Publish(t, f.js, protocol.Job{ID: "retried", Queue: "default", Kind: "work"})
+	subscribeReply(t, f.nc, protocol.ControlSubject("first"))
+	subscribeReply(t, f.nc, protocol.ControlSubject("second"))
+	started := time.Now()
+	beats := map[string]uint64{}
+	hb := func(agentID string, delivered uint64) {
+		beats[agentID]++
+		data, err := protocol.Marshal(&jetfleetpb.Heartbeat{AgentId: agentID, Pid: 7, StartedAt: timestamppb.New(started),
+			SentAt: timestamppb.Now(), Interval: durationpb.New(200 * time.Millisecond), Queues: []string{"default"}, Capacity: 1,
+			Sequence: beats[agentID], Jobs: []*jetfleetpb.InFlightJob{{JobId: "retried", Queue: "default", Kind: "work",
+				ReplySubject: fmt.Sprintf("$JS.ACK.%s.%s.%d.%d.1.%d.0", protocol.StreamJobs, protocol.QueueConsumer("default"),
+					delivered, seq, time.Now().UnixNano()),
+				StreamSequence: seq, Delivered: delivered, StartedAt: timestamppb.Now()}}})
+		require.NoError(t, err)
+		require.NoError(t, f.nc.Publish(protocol.HeartbeatSubject(agentID), data))
+		require.NoError(t, f.nc.Flush())
+	}
+	states := func(agentID string) map[uint64]string {
+		res, err := f.client.Jobs(ctx, supervisor.JobsRequest{AgentID: agentID})
+		require.NoError(t, err)
+		out := map[uint64]string{}
+		for _, j := range res.Jobs {
+			out[j.Delivered] = j.State
+		}
+		return out
+	}
+
+	hb("first", 1)  // sent before its retry NAK…
+	hb("second", 2) // …and the redelivery reported at once
+	waitFor(t, 10*time.Second, "the second delivery to be seen", func() bool { return states("second")[2] == "running" })
+	assert.Equal(t, map[uint64]string{1: "running"}, states("first"), "a heartbeat sent before the redelivery is no overdue ack")
+	status, err := f.client.Status(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, status.Attention)
+
+	// The first agent really keeps the old delivery: its heartbeats, one
+	// interval after the redelivery, still list it.
+	waitFor(t, 10*time.Second, "ack_overdue of the first agent", func() bool {
+		hb("first", 1)
+		hb("second", 2)
+		return states("first")[1] == "ack_overdue"
+	})
+	var al jetfleetpb.Alert
+	require.NoError(t, protocol.Unmarshal(alerts.next(t, 10*time.Second).Data, &al))
+	assert.Equal(t, "ack_overdue", al.GetType())
+	assert.Equal(t, "first", al.GetAgentId())
+}

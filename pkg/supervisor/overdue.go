@@ -32,23 +32,21 @@ func (t *tracker) checkJobs(ctx context.Context, now time.Time, leader bool) {
 	var jobs []held
 	var overdueJobs []RunningJob
 	t.mu.Lock()
+	listed := map[deliveryKey]bool{}
 	for id, a := range t.agents {
 		if a.dead {
 			continue
 		}
 		for _, j := range a.hb.GetJobs() {
 			jobs = append(jobs, held{id, j})
-		}
-	}
-	listed := map[deliveryKey]bool{}
-	for _, h := range jobs {
-		k := deliveryKey{h.job.GetStreamSequence(), h.job.GetDelivered()}
-		listed[k] = true
-		if st := t.overdue[k]; st != nil && (st.failed || st.eventStored) {
-			continue // we failed it: the agent ignores its deadline
-		}
-		if sd, ok := t.seen[k.seq]; ok && sd.delivered > k.delivered {
-			overdueJobs = append(overdueJobs, runningJob(h.agent, h.job, "ack_overdue"))
+			k := deliveryKey{j.GetStreamSequence(), j.GetDelivered()}
+			listed[k] = true
+			if st := t.overdue[k]; st != nil && (st.failed || st.eventStored) {
+				continue // we failed it: the agent ignores its deadline
+			}
+			if t.ackOverdueLocked(a, j) {
+				overdueJobs = append(overdueJobs, runningJob(id, j, "ack_overdue"))
+			}
 		}
 	}
 	for k := range t.overdue {
