@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/jetfleet/jetfleet/pkg/natstest"
+	"github.com/jetfleet/jetfleet/pkg/natsconn"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 	"github.com/jetfleet/jetfleet/pkg/service"
@@ -47,7 +47,14 @@ func NewEnvURL(t testing.TB, url string, topo topology.Config) *Env {
 		t.Fatalf("fleettest: telemetry: %v", err)
 	}
 	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
-	nc := natstest.ConnectURL(t, url)
+	// The services' own connection settings (natsconn): a test of a
+	// disconnection sees what production does.
+	logger := Logger(t)
+	nc, err := natsconn.Connect(natsconn.Config{URL: url}, "test", logger)
+	if err != nil {
+		t.Fatalf("fleettest: %v", err)
+	}
+	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatalf("fleettest: jetstream: %v", err)
@@ -59,7 +66,7 @@ func NewEnvURL(t testing.TB, url string, topo topology.Config) *Env {
 	}
 	base := &service.Base{Topology: topo}
 	return &Env{
-		Env:   &service.Env{Name: "test", Base: base, Logger: Logger(t), Telemetry: tel, Conn: nc, JetStream: js},
+		Env:   &service.Env{Name: "test", Base: base, Logger: logger, Telemetry: tel, Conn: nc, JetStream: js},
 		Spans: spans,
 	}
 }

@@ -130,7 +130,14 @@ func (el *Elector) Run(ctx context.Context) {
 		if !leading {
 			acquiredAt = now
 			newDeadline := now.Add(el.cfg.TTL - el.margin)
-			if newRev, err := el.write(ctx, 0, acquiredAt, now, newDeadline); err == nil {
+			newRev, err := el.write(ctx, 0, acquiredAt, now, newDeadline)
+			if errors.Is(err, jetstream.ErrKeyExists) {
+				var reclaimed bool
+				if newRev, acquiredAt, reclaimed = el.reclaim(ctx, now, newDeadline); reclaimed {
+					err = nil
+				}
+			}
+			if err == nil {
 				el.mu.Lock()
 				el.leading, el.rev, el.deadline = true, newRev, newDeadline
 				el.mu.Unlock()
@@ -204,6 +211,32 @@ func (el *Elector) adopt(ctx context.Context) bool {
 	el.mu.Unlock()
 	el.cfg.Log.Info("leader lease renewal was stored although its reply was lost; keeping the lease", "revision", kve.Revision())
 	return true
+}
+
+// reclaim takes back a lease that is still this replica's own: one it
+// stepped down from at its local deadline (its renewals went unanswered
+// through a disconnection, or it was frozen) and that the server has not
+// dropped yet. A revision-checked update of the key, as a renewal, makes it
+// the leader again at once instead of after the rest of the TTL; nobody
+// else can have taken the key meanwhile, or its holder or revision would
+// differ. It returns the new revision and when the lease was first acquired.
+func (el *Elector) reclaim(ctx context.Context, now, until time.Time) (uint64, time.Time, bool) {
+	gctx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	kve, err := el.cfg.KV.Get(gctx, el.cfg.Key)
+	if err != nil {
+		return 0, time.Time{}, false
+	}
+	var v Value
+	if json.Unmarshal(kve.Value(), &v) != nil || v.Holder != el.cfg.Holder {
+		return 0, time.Time{}, false
+	}
+	rev, err := el.write(ctx, kve.Revision(), v.AcquiredAt, now, until)
+	if err != nil {
+		return 0, time.Time{}, false
+	}
+	el.cfg.Log.Info("took back its own "+el.cfg.Role+" lease, which the server still held", "revision", rev)
+	return rev, v.AcquiredAt, true
 }
 
 // write creates the key (rev 0) or updates it at rev, giving up at until.

@@ -168,3 +168,44 @@ func renewUnseen(t *testing.T, ctx context.Context, el *Elector) uint64 {
 		return newRev
 	}
 }
+
+// TestOwnLeaseIsTakenBackAtOnce: a renewal the leader gave up on reaches the
+// server late (it waited out a disconnection in a client buffer), so the
+// leader's next renewal meets a revision it did not write, and the stored
+// renewal is too old to adopt: the leader steps down. The key is still its
+// own, so it takes it back at once with a revision-checked update, instead
+// of leaving the service without a leader until the TTL drops the key.
+func TestOwnLeaseIsTakenBackAtOnce(t *testing.T) {
+	kv := newBucket(t)
+	el, ch := start(t, kv, "a")
+	waitGained(t, ch, 5*time.Second)
+	ctx := fleettest.Ctx(t, 30*time.Second)
+
+	stale, _ := json.Marshal(Value{Holder: "a", AcquiredAt: time.Now().Add(-testTTL), RenewedAt: time.Now().Add(-testTTL)})
+	written := time.Now()
+	_, err := kv.Put(ctx, "svc", stale)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(ch.list()) >= 2 }, testTTL, 10*time.Millisecond, "the stale renewal makes the leader step down")
+	waitGained(t, ch, testTTL)
+	assert.Less(t, time.Since(written), testTTL*3/4, "the lease was taken back only once the TTL dropped it")
+	assert.Equal(t, []bool{true, false, true}, ch.list())
+	assert.True(t, el.IsLeader())
+	lease, err := Read(ctx, kv, "svc")
+	require.NoError(t, err)
+	assert.Equal(t, "a", lease.Holder)
+	assert.True(t, lease.RenewedAt.After(written), "renewed after the stale write")
+}
+
+// TestForeignLeaseIsNotTakenBack: a key another holder wrote is not taken
+// back: this replica leads only once the TTL dropped it.
+func TestForeignLeaseIsNotTakenBack(t *testing.T) {
+	kv := newBucket(t)
+	ctx := fleettest.Ctx(t, 30*time.Second)
+	val, _ := json.Marshal(Value{Holder: "b", RenewedAt: time.Now()})
+	written := time.Now()
+	_, err := kv.Create(ctx, "svc", val)
+	require.NoError(t, err)
+	_, ch := start(t, kv, "a")
+	waitGained(t, ch, 2*testTTL)
+	assert.GreaterOrEqual(t, time.Since(written), testTTL-testTTL/10, "a led while b's lease lived")
+}

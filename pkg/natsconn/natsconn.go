@@ -1,6 +1,14 @@
 // Package natsconn opens the NATS connection of a jetfleet component from
 // its configuration: servers, credentials, and reconnection that never gives
 // up, logged through the component's logger.
+//
+// While it reconnects, a connection buffers nothing: a publish or a request
+// fails at once instead of waiting in the client's reconnect buffer. A
+// buffered message goes out after the reconnect, however long after its
+// caller gave up on it: a lease renewal that outlived its deadline, the
+// deletion of a consumer that has been created again since, a scheduled job
+// its scheduler already counted as not published. Every caller in jetfleet
+// retries what failed, with the state it has then.
 package natsconn
 
 import (
@@ -82,6 +90,7 @@ func Connect(c Config, name string, logger *slog.Logger) (*nats.Conn, error) {
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectJitter(100*time.Millisecond, time.Second),
+		nats.ReconnectBufSize(-1), // see the package doc
 		nats.RetryOnFailedConnect(false),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -211,4 +212,182 @@ func freePort(t testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Restartable is a JetStream server a test stops and starts again on the
+// same port and store, as an operator restarts nats-server: clients
+// reconnect to it and find their streams, consumers and buckets.
+type Restartable struct {
+	opts embedded.Options
+
+	mu  sync.Mutex
+	srv *server.Server
+}
+
+// RestartableServer starts a server the test may Stop and Start; it is shut
+// down when the test ends.
+func RestartableServer(t testing.TB, opts embedded.Options) *Restartable {
+	t.Helper()
+	if opts.Port == 0 {
+		opts.Port = freePort(t)
+	}
+	if opts.StoreDir == "" {
+		opts.StoreDir = t.TempDir()
+	}
+	r := &Restartable{opts: opts}
+	r.Start(t)
+	t.Cleanup(r.Stop)
+	return r
+}
+
+// URL is the server's client URL, the same across restarts.
+func (r *Restartable) URL() string { return fmt.Sprintf("nats://127.0.0.1:%d", r.opts.Port) }
+
+// Server is the running server, nil while stopped.
+func (r *Restartable) Server() *server.Server {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.srv
+}
+
+// Stop shuts the server down and waits until it is gone; clients see a
+// disconnection. Stopping a stopped server does nothing.
+func (r *Restartable) Stop() {
+	r.mu.Lock()
+	srv := r.srv
+	r.srv = nil
+	r.mu.Unlock()
+	if srv != nil {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	}
+}
+
+// Start starts the server again (or the first time) and waits until it
+// accepts connections with JetStream ready.
+func (r *Restartable) Start(t testing.TB) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.srv != nil {
+		return
+	}
+	var err error
+	// The port may take a moment to be free again after a shutdown.
+	for attempt := 0; attempt < 50; attempt++ {
+		if r.srv, err = embedded.Start(r.opts); err == nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond) // no event announces a freed port
+	}
+	t.Fatalf("natstest: restart server: %v", err)
+}
+
+// Proxy forwards TCP connections to a NATS server and can freeze them in
+// both directions, the way SIGSTOP freezes a process: nothing is lost,
+// everything arrives late.
+type Proxy struct {
+	ln     net.Listener
+	target string
+
+	mu     sync.Mutex
+	paused bool
+	resume chan struct{}
+	conns  []net.Conn
+	wg     sync.WaitGroup
+}
+
+func NewProxy(t testing.TB, target string) *Proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("natstest: proxy: %v", err)
+	}
+	p := &Proxy{ln: ln, target: target, resume: make(chan struct{})}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.Close)
+	return p
+}
+
+// URL is the proxy's client URL.
+func (p *Proxy) URL() string { return "nats://" + p.ln.Addr().String() }
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, s)
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go p.pipe(c, s)
+		go p.pipe(s, c)
+	}
+}
+
+func (p *Proxy) pipe(from, to net.Conn) {
+	defer p.wg.Done()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := from.Read(buf)
+		if n > 0 {
+			p.gate()
+			if _, werr := to.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			_ = to.Close() // EOF or a closed socket: pass the close on
+			return
+		}
+	}
+}
+
+// gate blocks while the proxy is paused.
+func (p *Proxy) gate() {
+	p.mu.Lock()
+	paused, resume := p.paused, p.resume
+	p.mu.Unlock()
+	if paused {
+		<-resume
+	}
+}
+
+// Pause freezes every connection through the proxy in both directions.
+func (p *Proxy) Pause() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.paused = true
+}
+
+// Unpause lets everything held pass on, in order.
+func (p *Proxy) Unpause() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.paused {
+		p.paused = false
+		close(p.resume)
+		p.resume = make(chan struct{})
+	}
+}
+
+// Close ends the proxy and its connections (also at the end of the test).
+func (p *Proxy) Close() {
+	p.Unpause()
+	_ = p.ln.Close()
+	p.mu.Lock()
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
 }

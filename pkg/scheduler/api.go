@@ -767,7 +767,7 @@ func (s *Scheduler) onEngine(ctx context.Context, op func(*engine) (any, error))
 }
 
 func (e *engine) trigger(id string) (*TriggerResponse, error) {
-	if !e.leader && !e.forceLeader {
+	if !e.leading() {
 		return nil, errNotLeader
 	}
 	en := e.byID[id]
@@ -789,7 +789,7 @@ func (e *engine) trigger(id string) (*TriggerResponse, error) {
 }
 
 func (e *engine) backfill(req *BackfillRequest) (*BackfillResponse, error) {
-	if !e.leader && !e.forceLeader {
+	if !e.leading() {
 		return nil, errNotLeader
 	}
 	en := e.byID[req.ID]

@@ -28,6 +28,12 @@ type entry struct {
 	conflicts uint8
 	due       int64 // Unix nanoseconds, while in the heap
 	retryAt   int64 // Unix nanoseconds; 0 when no retry is pending
+	// unresolved lists nominal times whose job was sent but whose publish
+	// outcome is unknown (the answer was lost with a connection, or came
+	// too late): JetStream may have stored it. They are fired again with
+	// the same job id, however late — JetStream's duplicate check resolves
+	// them — and never counted as missed.
+	unresolved []int64
 	// work is the batch's working copy of rt: decisions change it, and it
 	// replaces rt once the revision-checked state write is acknowledged.
 	work *schedState
@@ -76,7 +82,12 @@ type fireReq struct {
 	err     error
 }
 
+// pendingEvent is a schedule event of the batch. It is published, and
+// counted in the metrics, only once its schedule's state advance is stored:
+// that revision-checked write is the fence of a leader that lost its lease
+// without knowing it yet.
 type pendingEvent struct {
+	en      *entry
 	subject string
 	msgID   string
 	doc     *jetfleetpb.ScheduleEvent
@@ -173,11 +184,17 @@ func (e *engine) run(ctx context.Context) {
 			e.drain()
 		case <-timer.C():
 		}
-		if e.leader {
-			e.processDue()
-		}
-		e.flush()
+		e.tick()
 	}
+}
+
+// tick evaluates the due schedules, if this replica leads, and publishes
+// what the pass decided.
+func (e *engine) tick() {
+	if e.leading() {
+		e.processDue()
+	}
+	e.flush()
 }
 
 // drain runs what else is waiting, so that work arriving together is
@@ -193,8 +210,18 @@ func (e *engine) drain() {
 	}
 }
 
+// leading reports whether this replica may act as the leader now: it
+// prepared its leadership and still holds the lease by its own deadline. The
+// second check matters after a freeze (SIGSTOP, a long GC pause, a
+// suspended VM): the lease may have passed to another replica before the
+// elector could report the step-down. Every write of a leader is fenced by it.
+func (e *engine) leading() bool {
+	return e.forceLeader || (e.leader && e.s.el.IsLeader())
+}
+
 func (e *engine) arm(timer interface{ Reset(time.Duration) bool }) {
-	if !e.leader || e.heap.Len() == 0 {
+	// Not leading by the lease: the elector's step-down wakes the engine.
+	if !e.leading() || e.heap.Len() == 0 {
 		timer.Reset(time.Hour)
 		return
 	}
@@ -386,7 +413,7 @@ func (e *engine) evaluate(en *entry, now time.Time) {
 
 	var misfired, onTime []int64
 	for _, n := range due {
-		if nowNs-c.plannedAt(n) > threshold {
+		if nowNs-c.plannedAt(n) > threshold && !slices.Contains(en.unresolved, n) {
 			misfired = append(misfired, n)
 		} else {
 			onTime = append(onTime, n)
@@ -480,18 +507,12 @@ func (e *engine) decide(en *entry, w *schedState, f *fireReq) {
 func (e *engine) skip(en *entry, w *schedState, f *fireReq, reason string) {
 	w.skips++
 	f.outcome, f.reason = "skipped", reason
-	metricReason := reason
-	if len(metricReason) > 16 && metricReason[:16] == "payload_template" {
-		metricReason = "payload_template"
-	}
-	e.s.metrics.skips.Add(e.ctx, 1, reasonAttr(metricReason))
 	e.event(en, &jetfleetpb.ScheduleEvent{Type: "skipped", NominalTime: ts(f.nominal), JobId: f.jobID, Reason: reason},
 		f.jobID+".skipped")
 }
 
 func (e *engine) miss(en *entry, w *schedState, last, count int64, reason string) {
 	w.misses += uint64(count)
-	e.s.metrics.misses.Add(e.ctx, count, reasonAttr(reason))
 	e.event(en, &jetfleetpb.ScheduleEvent{Type: "missed", NominalTime: ts(last), Count: uint32(min(count, math.MaxUint32)), Reason: reason},
 		jobID(en.id, last)+".missed")
 }

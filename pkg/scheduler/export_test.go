@@ -16,11 +16,20 @@ import (
 // returns: tests that move a fake clock call it instead of waiting for the
 // engine's timer.
 func (s *Scheduler) Kick(ctx context.Context) error {
+	return s.eng.call(ctx, func(e *engine) { e.tick() })
+}
+
+// TickAfterLosingLease does, inside the engine, what a leader frozen past
+// its lease deadline (SIGSTOP, a suspended VM) does when it resumes: the
+// lease is no longer its own, the elector has not reported the step-down
+// yet, resume runs (a test moves its fake clock past due fires there), and
+// the engine's timer fires. Resign stands in for the deadline that passed
+// while frozen.
+func (s *Scheduler) TickAfterLosingLease(ctx context.Context, resume func()) error {
 	return s.eng.call(ctx, func(e *engine) {
-		if e.leader {
-			e.processDue()
-		}
-		e.flush()
+		s.el.Resign()
+		resume()
+		e.tick()
 	})
 }
 

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -30,12 +32,16 @@ func (e *engine) event(en *entry, doc *jetfleetpb.ScheduleEvent, msgID string) {
 		doc.Queue, doc.Kind = en.c.queue, en.c.kindName
 	}
 	doc.Time = timestamppb.New(e.s.clk.Now())
-	e.b.events = append(e.b.events, pendingEvent{subject: protocol.ScheduleEventSubject(en.id, doc.Type), msgID: msgID, doc: doc})
+	e.b.events = append(e.b.events, pendingEvent{en: en, subject: protocol.ScheduleEventSubject(en.id, doc.Type), msgID: msgID, doc: doc})
 }
 
 // flush publishes the batch: first every job (with Nats-Msg-Id = job id),
 // then, once JetStream has stored them, the revision-checked state advance
-// of every schedule involved and the schedule events. A schedule whose fire
+// of every schedule involved, and only then the schedule events of the
+// schedules whose state was stored. Each step is fenced by the leadership
+// check, and the state write by its revision besides, so a replica that
+// lost its lease (frozen, then resumed) publishes no job, state, event or
+// metric of a decision it was no longer entitled to. A schedule whose fire
 // could not be published keeps its old state and is tried again; one whose
 // state write meets another writer's revision reloads that state.
 func (e *engine) flush() {
@@ -79,7 +85,7 @@ func (e *engine) flush() {
 			f.err = protocol.Errorf(protocol.CodeNotFound, "schedule %s was deleted", f.en.id)
 			continue
 		}
-		if !e.forceLeader && !s.el.IsLeader() {
+		if !e.leading() {
 			f.err = errNotLeader
 			f.en.flags |= flagFailed
 			continue
@@ -114,6 +120,9 @@ func (e *engine) flush() {
 			}
 			f.span.End()
 		}
+		if f.future != nil {
+			f.en.noteOutcome(f, f.err)
+		}
 		if f.err != nil {
 			f.en.flags |= flagFailed
 			if !errors.Is(f.err, errNotLeader) && ctx.Err() == nil {
@@ -144,14 +153,18 @@ func (e *engine) flush() {
 			f.jobID+".fired")
 	}
 
-	// 2. State advances, revision-checked, and events, all in flight at once.
+	// 2. State advances, revision-checked, all in flight at once.
 	type stateWrite struct {
 		en     *entry
 		future jetstream.PubAckFuture
 	}
 	var writes []stateWrite
 	now := s.clk.Now()
+	fenced := !e.leading()
 	for _, en := range b.touched {
+		if fenced {
+			en.flags |= flagFailed // decided by a replica that no longer leads: discard
+		}
 		if en.flags&(flagFailed|flagDeleted) != 0 {
 			continue
 		}
@@ -168,19 +181,6 @@ func (e *engine) flush() {
 		s.log.Warn("state write not sent; will retry", telemetry.LogScheduleID, en.id, telemetry.LogError, err)
 		en.flags |= flagFailed
 	}
-	var events []jetstream.PubAckFuture
-	for _, ev := range b.events {
-		data, err := protocol.Marshal(ev.doc)
-		if err != nil {
-			continue
-		}
-		m := &nats.Msg{Subject: ev.subject, Data: data, Header: nats.Header{protocol.HeaderMsgID: {ev.msgID}}}
-		if fut, err := s.js.PublishMsgAsync(m); err == nil {
-			events = append(events, fut)
-		} else {
-			s.log.Warn("schedule event not published", "subject", ev.subject, telemetry.LogError, err)
-		}
-	}
 	for _, sw := range writes {
 		ack, err := wait(sw.future)
 		switch {
@@ -195,13 +195,32 @@ func (e *engine) flush() {
 			sw.en.flags |= flagFailed
 		}
 	}
+
+	// 3. The events (and metrics) of the schedules whose state is stored.
+	var events []jetstream.PubAckFuture
+	for _, ev := range b.events {
+		if ev.en.flags&(flagFailed|flagReload|flagDeleted) != 0 {
+			continue
+		}
+		e.countEvent(ev.doc)
+		data, err := protocol.Marshal(ev.doc)
+		if err != nil {
+			continue
+		}
+		m := &nats.Msg{Subject: ev.subject, Data: data, Header: nats.Header{protocol.HeaderMsgID: {ev.msgID}}}
+		if fut, err := s.js.PublishMsgAsync(m); err == nil {
+			events = append(events, fut)
+		} else {
+			s.log.Warn("schedule event not published", "subject", ev.subject, telemetry.LogError, err)
+		}
+	}
 	for _, fut := range events {
 		if _, err := wait(fut); err != nil && ctx.Err() == nil {
 			s.log.Warn("schedule event not stored", telemetry.LogError, err)
 		}
 	}
 
-	// 3. Settle every schedule of the batch.
+	// 4. Settle every schedule of the batch.
 	retryAt := now.Add(s.cfg.RetryDelay).UnixNano()
 	for _, en := range b.touched {
 		failed, reload := en.flags&flagFailed != 0, en.flags&flagReload != 0
@@ -234,6 +253,45 @@ func (e *engine) flush() {
 	clear(b.events)
 	clear(b.touched)
 	b.fires, b.events, b.touched = b.fires[:0], b.events[:0], b.touched[:0]
+}
+
+// maxUnresolved bounds the fires of one schedule whose outcome is unknown
+// that are remembered; one per nominal time of an outage is plenty.
+const maxUnresolved = 256
+
+// noteOutcome remembers a timer fire that was sent and whose outcome is
+// unknown, and forgets it once JetStream answered. Only a definite answer
+// settles it: stored (or a duplicate of a stored job), or refused by the
+// stream. A timeout or a lost connection may have left the job stored.
+func (en *entry) noteOutcome(f *fireReq, err error) {
+	if f.source != sourceSchedule && f.source != sourceCatchUp {
+		return
+	}
+	i := slices.Index(en.unresolved, f.nominal)
+	var apiErr *jetstream.APIError
+	definite := err == nil || errors.As(err, &apiErr) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.Is(err, nats.ErrNoResponders)
+	switch {
+	case definite && i >= 0:
+		en.unresolved = slices.Delete(en.unresolved, i, i+1)
+	case !definite && i < 0 && len(en.unresolved) < maxUnresolved:
+		en.unresolved = append(en.unresolved, f.nominal)
+	}
+}
+
+// countEvent records the metrics of a skipped or missed event whose state
+// is stored.
+func (e *engine) countEvent(doc *jetfleetpb.ScheduleEvent) {
+	switch doc.GetType() {
+	case protocol.EventSkipped:
+		reason := doc.GetReason()
+		if strings.HasPrefix(reason, "payload_template") {
+			reason = "payload_template" // the rest is the template's error
+		}
+		e.s.metrics.skips.Add(e.ctx, 1, reasonAttr(reason))
+	case protocol.EventMissed:
+		e.s.metrics.misses.Add(e.ctx, int64(doc.GetCount()), reasonAttr(doc.GetReason()))
+	}
 }
 
 // reload reads en's state from the bucket after a revision conflict. It

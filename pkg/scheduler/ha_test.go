@@ -3,17 +3,21 @@ package scheduler_test
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetfleet/jetfleet/pkg/clock"
+	"github.com/jetfleet/jetfleet/pkg/embedded"
 	"github.com/jetfleet/jetfleet/pkg/natstest"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 	"github.com/jetfleet/jetfleet/pkg/scheduler"
 	"github.com/jetfleet/jetfleet/pkg/topology"
 )
@@ -288,4 +292,140 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		}
 	}
 	return sum
+}
+
+// TestFiresResumeRightAfterServerRestart: the NATS server goes away for
+// longer than the leader's lease deadline, so the leader steps down while
+// the server still holds its lease. Once the server is back the leader
+// takes its lease back (nothing it sent while disconnected arrives late to
+// move the lease on) and fires resume within 2 s.
+func TestFiresResumeRightAfterServerRestart(t *testing.T) {
+	t.Parallel()
+	srv := natstest.RestartableServer(t, embedded.Options{})
+	f := newFleetURL(t, srv.URL(), topology.Config{})
+	r := f.replica(scheduler.Config{}, clock.Real())
+	waitLeading(t, r)
+	_, err := f.client.Add(ctx(t, 10*time.Second), interval("beat", time.Second, "echo"))
+	require.NoError(t, err)
+	lastFired := func() time.Time { // zero while the test's own connection is not back
+		events, err := f.js.Stream(ctx(t, 5*time.Second), protocol.StreamEvents)
+		if err != nil {
+			return time.Time{}
+		}
+		m, err := events.GetLastMsgForSubject(ctx(t, 5*time.Second), protocol.ScheduleEventSubject("beat", protocol.EventFired))
+		if err != nil {
+			return time.Time{}
+		}
+		return m.Time
+	}
+	require.Eventually(t, func() bool { return !lastFired().IsZero() }, 10*time.Second, 50*time.Millisecond, "the schedule fires")
+
+	srv.Stop()
+	require.NoError(t, r.WaitLeading(ctx(t, 30*time.Second), false), "the leader steps down at its lease deadline")
+	srv.Start(t)
+	back := time.Now()
+	var resumed time.Time
+	require.Eventually(t, func() bool {
+		resumed = lastFired()
+		return resumed.After(back)
+	}, 20*time.Second, 20*time.Millisecond, "fires resume")
+	t.Logf("fires resumed %s after the server was back", resumed.Sub(back).Round(time.Millisecond))
+	assert.Less(t, resumed.Sub(back), 2*time.Second)
+	assert.True(t, r.IsLeader())
+}
+
+// TestFrozenLeaderWritesNothingWhenItResumes: a leader frozen past its lease
+// deadline resumes with its timer due and with nominal times it now sees as
+// misfired. The lease is no longer its own, so the pass publishes nothing:
+// no job, no missed or fired event, no state, no miss in its metrics — the
+// replica that leads meanwhile fired those times.
+func TestFrozenLeaderWritesNothingWhenItResumes(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, topology.Config{})
+	clk := clock.NewFake(utc("2026-06-01T10:00:00Z"))
+	a := f.replica(scheduler.Config{}, clk)
+	waitLeading(t, a)
+	c := ctx(t, 60*time.Second)
+	_, err := f.client.Add(c, interval("frozen", time.Second, "echo"))
+	require.NoError(t, err)
+	require.NoError(t, a.WaitSynced(c))
+	clk.Set(utc("2026-06-01T10:00:01Z"))
+	require.NoError(t, a.Kick(c))
+	states, err := f.js.KeyValue(c, protocol.BucketScheduleState)
+	require.NoError(t, err)
+	before, err := states.Get(c, "frozen")
+	require.NoError(t, err)
+	eventsBefore := scheduleEventTypes(t, f, "frozen")
+	require.Equal(t, 1, eventsBefore[protocol.EventFired])
+
+	require.NoError(t, a.TickAfterLosingLease(c, func() { clk.Set(utc("2026-06-01T10:00:20Z")) }))
+	require.NoError(t, a.WaitLeading(c, false))
+	assert.Equal(t, eventsBefore, scheduleEventTypes(t, f, "frozen"), "the pass stored schedule events")
+	after, err := states.Get(c, "frozen")
+	require.NoError(t, err)
+	assert.Equal(t, before.Revision(), after.Revision(), "the pass advanced the state")
+	assert.Len(t, f.jobMessages(t), 1, "the pass published jobs")
+	assert.Zero(t, counterValue(t, a.env.Telemetry.Registry, "jetfleet_scheduler_misses_total"))
+}
+
+// scheduleEventTypes counts the stored events of schedule id by type.
+func scheduleEventTypes(t *testing.T, f *fleet, id string) map[string]int {
+	t.Helper()
+	c := ctx(t, 10*time.Second)
+	cons, err := f.js.OrderedConsumer(c, protocol.StreamEvents, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{"events.schedule." + id + ".>"}})
+	require.NoError(t, err)
+	out := map[string]int{}
+	batch, err := cons.FetchNoWait(10000)
+	require.NoError(t, err)
+	for m := range batch.Messages() {
+		var ev jetfleetpb.ScheduleEvent
+		require.NoError(t, protocol.Unmarshal(m.Data(), &ev))
+		out[ev.GetType()]++
+	}
+	require.NoError(t, batch.Error())
+	return out
+}
+
+// TestFireWithUnknownOutcomeIsResolvedNotMissed: the job of a fire is sent,
+// held on its way (a frozen connection) and stored after the leader gave up
+// waiting for its answer. When the leader evaluates the schedule again, that
+// nominal time is past the misfire threshold; it is not reported missed but
+// fired again with the same job id, which JetStream recognises as the job it
+// stored: one job, one fired event, and only the really missed times missed.
+func TestFireWithUnknownOutcomeIsResolvedNotMissed(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Server(t)
+	f := newFleetURL(t, srv.ClientURL(), topology.Config{})
+	proxy := natstest.NewProxy(t, strings.TrimPrefix(srv.ClientURL(), "nats://"))
+	clk := clock.NewFake(utc("2026-06-01T10:00:00Z"))
+	a := f.replicaAt(proxy.URL(), scheduler.Config{PublishTimeout: 300 * time.Millisecond}, clk)
+	waitLeading(t, a)
+	c := ctx(t, 60*time.Second)
+	events := watchScheduleEvents(t, f.nc)
+	_, err := f.client.Add(c, interval("unsure", time.Second, "echo"))
+	require.NoError(t, err)
+	require.NoError(t, a.WaitSynced(c))
+
+	proxy.Pause()
+	clk.Set(utc("2026-06-01T10:00:01Z"))
+	require.NoError(t, a.Kick(c)) // its answer does not come in time
+	proxy.Unpause()
+	require.Eventually(t, func() bool { return len(f.jobMessages(t)) == 1 }, 10*time.Second, 10*time.Millisecond,
+		"the held job is stored")
+
+	// 15 s later 10:00:01 to 10:00:05 are past the 10 s misfire threshold.
+	clk.Set(utc("2026-06-01T10:00:16Z"))
+	require.NoError(t, a.Kick(c))
+	missed := events.waitN(t, "unsure", protocol.EventMissed, 1)[0]
+	assert.Equal(t, utc("2026-06-01T10:00:05Z"), missed.GetNominalTime().AsTime().UTC())
+	assert.Equal(t, uint32(4), missed.GetCount(), "10:00:02 to 10:00:05; 10:00:01 ran")
+	fired := nominalTimes(events.waitN(t, "unsure", protocol.EventFired, 12))
+	assert.Contains(t, fired, utc("2026-06-01T10:00:01Z"))
+	count := map[string]int{}
+	for _, m := range f.jobMessages(t) {
+		count[m.id]++
+	}
+	assert.Equal(t, 1, count["sched.unsure.1780308001"])
+	assert.Len(t, count, 12)
 }

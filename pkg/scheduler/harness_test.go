@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/jetfleet/jetfleet/pkg/clock"
+	"github.com/jetfleet/jetfleet/pkg/natsconn"
 	"github.com/jetfleet/jetfleet/pkg/natstest"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
@@ -39,11 +40,15 @@ func newEnv(t testing.TB, url string, topo topology.Config) *testEnv {
 	tel, err := telemetry.Setup(context.Background(), telemetry.Options{ServiceName: "test", SpanExporter: spans})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tel.Shutdown(context.Background()) })
-	nc := natstest.ConnectURL(t, url)
+	logger := slog.New(telemetry.TraceHandler{Handler: slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})})
+	// The services' own connection settings: a disconnection in a test
+	// behaves as in production.
+	nc, err := natsconn.Connect(natsconn.Config{URL: url}, "test", logger)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	require.NoError(t, topology.Ensure(ctx(t, 30*time.Second), js, topo))
-	logger := slog.New(telemetry.TraceHandler{Handler: slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})})
 	return &testEnv{Env: &service.Env{Name: "test", Base: &service.Base{Topology: topo}, Logger: logger, Telemetry: tel, Conn: nc, JetStream: js},
 		Spans: spans}
 }
@@ -96,7 +101,13 @@ type replica struct {
 
 func (f *fleet) replica(cfg scheduler.Config, clk clock.Clock) *replica {
 	f.t.Helper()
-	env := newEnv(f.t, f.url, f.topo)
+	return f.replicaAt(f.url, cfg, clk)
+}
+
+// replicaAt is replica connected to url: a proxy, for instance.
+func (f *fleet) replicaAt(url string, cfg scheduler.Config, clk clock.Clock) *replica {
+	f.t.Helper()
+	env := newEnv(f.t, url, f.topo)
 	s, err := scheduler.New(cfg, env.Env, clk)
 	require.NoError(f.t, err)
 	require.NoError(f.t, s.Start(ctx(f.t, 30*time.Second)))

@@ -122,7 +122,6 @@ func (e *engine) runRemoved(runID string) {
 // normally; its nominal time is the run's, when its job id has one.
 func (e *engine) skipRun(en *entry, w *schedState, runID, reason string) {
 	w.skips++
-	e.s.metrics.skips.Add(e.ctx, 1, reasonAttr(reason))
 	doc := &jetfleetpb.ScheduleEvent{Type: protocol.EventSkipped, JobId: runID, Reason: reason}
 	if n, ok := nominalOfJob(runID); ok {
 		doc.NominalTime = ts(n)

@@ -2,7 +2,6 @@ package supervisor_test
 
 import (
 	"context"
-	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -291,109 +290,6 @@ func (in *inbox) next(t *testing.T, timeout time.Duration) *nats.Msg {
 		t.Fatalf("no message within %s", timeout)
 		return nil
 	}
-}
-
-// proxy forwards TCP connections to a NATS server and can freeze them in
-// both directions, the way SIGSTOP freezes a process: nothing is lost,
-// everything arrives late.
-type proxy struct {
-	ln     net.Listener
-	target string
-
-	mu     sync.Mutex
-	paused bool
-	resume chan struct{}
-	conns  []net.Conn
-	wg     sync.WaitGroup
-}
-
-func newProxy(t *testing.T, target string) *proxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &proxy{ln: ln, target: target, resume: make(chan struct{})}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(p.close)
-	return p
-}
-
-func (p *proxy) URL() string { return "nats://" + p.ln.Addr().String() }
-
-func (p *proxy) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		s, err := net.Dial("tcp", p.target)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, c, s)
-		p.mu.Unlock()
-		p.wg.Add(2)
-		go p.pipe(c, s)
-		go p.pipe(s, c)
-	}
-}
-
-func (p *proxy) pipe(from, to net.Conn) {
-	defer p.wg.Done()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := from.Read(buf)
-		if n > 0 {
-			p.gate()
-			if _, werr := to.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			_ = to.Close() // EOF or a closed socket: pass the close on
-			return
-		}
-	}
-}
-
-// gate blocks while the proxy is paused.
-func (p *proxy) gate() {
-	p.mu.Lock()
-	paused, resume := p.paused, p.resume
-	p.mu.Unlock()
-	if paused {
-		<-resume
-	}
-}
-
-func (p *proxy) pause() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.paused = true
-}
-
-func (p *proxy) unpause() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.paused {
-		p.paused = false
-		close(p.resume)
-		p.resume = make(chan struct{})
-	}
-}
-
-func (p *proxy) close() {
-	p.unpause()
-	_ = p.ln.Close()
-	p.mu.Lock()
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
-	p.mu.Unlock()
-	p.wg.Wait()
 }
 
 // fast is a supervisor configuration for tests: quick checks and short

@@ -18,6 +18,7 @@ import (
 
 	"github.com/jetfleet/jetfleet/pkg/agent"
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
+	"github.com/jetfleet/jetfleet/pkg/natstest"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 	"github.com/jetfleet/jetfleet/pkg/supervisor"
@@ -174,7 +175,7 @@ func TestSlowAgentIsNotDeclaredDead(t *testing.T) {
 	f := setup(t, topology.Config{Queues: map[string]topology.QueueConfig{"default": {AckWait: 60 * time.Second}}})
 	// Dead after 8 missed 250ms heartbeats: 2s.
 	f.leader(t, fast(supervisor.Config{MissedHeartbeats: 8}), nil)
-	p := newProxy(t, strings.TrimPrefix(f.srv.ClientURL(), "nats://"))
+	p := natstest.NewProxy(t, strings.TrimPrefix(f.srv.ClientURL(), "nats://"))
 	release := make(chan struct{})
 	held := make(chan string, 3)
 	slow := f.startAgent(t, p.URL(), agent.Config{ID: "slow", HeartbeatInterval: 250 * time.Millisecond}, func(a *agent.Agent) {
@@ -198,9 +199,9 @@ func TestSlowAgentIsNotDeclaredDead(t *testing.T) {
 	beats.wait(t, 10*time.Second, time.Now(), func(hb *jetfleetpb.Heartbeat) bool { return len(hb.GetJobs()) == 3 })
 
 	frozenAt := time.Now()
-	p.pause()
+	p.Pause()
 	time.Sleep(1200 * time.Millisecond) // the length of the freeze is the scenario, not a wait for something
-	p.unpause()
+	p.Unpause()
 	after := beats.wait(t, 10*time.Second, time.Now(), func(*jetfleetpb.Heartbeat) bool { return true })
 	gap := beats.maxGap(frozenAt.Add(-time.Second), after.at)
 	t.Logf("longest silence of the frozen agent: %s (dead threshold 2s)", gap.Round(time.Millisecond))
@@ -231,7 +232,7 @@ func TestFrozenAgentPastThresholdIsRescued(t *testing.T) {
 	t.Parallel()
 	f := setup(t, topology.Config{Queues: map[string]topology.QueueConfig{"default": {AckWait: 60 * time.Second}}})
 	f.leader(t, fast(supervisor.Config{MissedHeartbeats: 4}), nil) // 4 × 250ms = 1s
-	p := newProxy(t, strings.TrimPrefix(f.srv.ClientURL(), "nats://"))
+	p := natstest.NewProxy(t, strings.TrimPrefix(f.srv.ClientURL(), "nats://"))
 	held := make(chan string, 2)
 	frozen := f.startAgent(t, p.URL(), agent.Config{ID: "frozen", HeartbeatInterval: 250 * time.Millisecond}, func(a *agent.Agent) {
 		must(t, a.Register("work", func(ctx context.Context, job *agent.Job) error {
@@ -250,8 +251,8 @@ func TestFrozenAgentPastThresholdIsRescued(t *testing.T) {
 	f.startAgent(t, "", agent.Config{ID: "healthy"}, func(a *agent.Agent) {
 		must(t, a.Register("work", func(context.Context, *agent.Job) error { return nil }, agent.KindOptions{}))
 	})
-	p.pause()
-	defer p.unpause()
+	p.Pause()
+	defer p.Unpause()
 	for i := range 2 {
 		ev := f.events.WaitFor(t, 15*time.Second, fmt.Sprintf("f-%d", i), protocol.EventSucceeded)
 		assert.Equal(t, "healthy", ev.GetAgentId())
@@ -327,7 +328,7 @@ func TestGracefulStopIsNotRescued(t *testing.T) {
 func TestStalledSupervisorDoesNotRescueLiveAgents(t *testing.T) {
 	t.Parallel()
 	f := setup(t, topology.Config{LeaseTTL: 10 * time.Second, Queues: map[string]topology.QueueConfig{"default": {AckWait: 60 * time.Second}}})
-	p := newProxy(t, strings.TrimPrefix(f.srv.ClientURL(), "nats://"))
+	p := natstest.NewProxy(t, strings.TrimPrefix(f.srv.ClientURL(), "nats://"))
 	// Dead after 4 missed 250ms heartbeats: 1s. The lease (held 8s
 	// without renewal) outlives the stall.
 	sup, _ := f.startSupervisorURL(t, p.URL(), fast(supervisor.Config{MissedHeartbeats: 4}), nil)
@@ -364,10 +365,10 @@ func TestStalledSupervisorDoesNotRescueLiveAgents(t *testing.T) {
 	// A second agent would run the job again, were it released.
 	f.startAgent(t, "", agent.Config{ID: "healthy-b", HeartbeatInterval: 250 * time.Millisecond}, reg("healthy-b"))
 
-	p.pause()
+	p.Pause()
 	f.logs.Wait(t, 10*time.Second, "that the stall was noticed", fleettest.MatchLog("silent agents not judged: the supervisor's own connection does not answer in time"))
 	time.Sleep(500 * time.Millisecond) // the stall goes on a while: the scenario, not a wait
-	p.unpause()
+	p.Unpause()
 	f.logs.Wait(t, 10*time.Second, "that the connection recovered", fleettest.MatchLog("the supervisor's connection answers again; silent agents are judged"))
 	states, err := f.client.Agents(fleettest.Ctx(t, 5*time.Second)) // answered through the stalled connection
 	require.NoError(t, err)
@@ -529,7 +530,7 @@ func TestAckOverdueIsReported(t *testing.T) {
 	f := setup(t, topology.Config{Queues: map[string]topology.QueueConfig{"default": {AckWait: time.Second}}})
 	alerts := subscribe(t, f.nc, protocol.AlertSubject(protocol.SeverityWarning))
 	f.leader(t, fast(supervisor.Config{MissedHeartbeats: 20}), nil) // 20 × 250ms = 5s
-	p := newProxy(t, strings.TrimPrefix(f.srv.ClientURL(), "nats://"))
+	p := natstest.NewProxy(t, strings.TrimPrefix(f.srv.ClientURL(), "nats://"))
 	release := make(chan struct{})
 	defer close(release)
 	hold := func(ctx context.Context, job *agent.Job) error {
@@ -553,14 +554,14 @@ func TestAckOverdueIsReported(t *testing.T) {
 	f.startAgent(t, "", agent.Config{ID: "taker", HeartbeatInterval: 250 * time.Millisecond}, func(a *agent.Agent) {
 		must(t, a.Register("work", hold, agent.KindOptions{}))
 	})
-	p.pause()
+	p.Pause()
 	takerBeats := watchHeartbeats(t, f.nc, "taker")
 	// JetStream redelivers after AckWait: to taker, or first to late's pull
 	// request still open at the server (the frozen proxy holds it), then to taker.
 	takerBeats.wait(t, 10*time.Second, time.Time{}, func(hb *jetfleetpb.Heartbeat) bool {
 		return len(hb.GetJobs()) == 1 && hb.GetJobs()[0].GetDelivered() >= 2
 	})
-	p.unpause()
+	p.Unpause()
 
 	m := alerts.next(t, 10*time.Second)
 	var al jetfleetpb.Alert
