@@ -44,6 +44,13 @@ type execution struct {
 	snoozes uint32
 	// startedEvent is set once the started event is published.
 	startedEvent atomic.Bool
+	// awaitsOutcome is set (by the job's goroutine) when the job's answer
+	// waits for its outcome event to be stored; the confirmation, not the
+	// goroutine, then gives its slot back.
+	awaitsOutcome bool
+	// answerSent is set by whoever sends the job's final answer after its
+	// outcome: the confirmation, or a stopping agent handing it back.
+	answerSent atomic.Bool
 
 	mu           sync.Mutex
 	started      time.Time
@@ -126,14 +133,24 @@ func (a *Agent) process(q *queueState, msg *delivery, reserved bool) {
 	if !reserved {
 		ex.slot.Do(func() {}) // no slot to give back
 	}
-	defer a.freeSlot(ex)
+	defer func() {
+		if !ex.awaitsOutcome {
+			a.freeSlot(ex)
+		}
+	}()
 	a.track(ex)
 	defer a.untrack(ex)
 	a.kickHeartbeat()
 
-	if a.releasing.Load() {
+	switch {
+	case !reserved:
+		// A late answer to a pull request counted lost: running it would
+		// exceed the agent's concurrency. Hand it back at once.
+		a.noSlot.Add(ctx, 1)
+		ex.cancel(errNoSlot)
+	case a.releasing.Load():
 		// Delivered while a stopping agent hands jobs back: do not start it.
-		ex.cancel(errReleased)
+		ex.cancel(errStopping)
 	}
 	_ = a.execute(WithJob(ctx, job), job) // the outcome is settled inside; the error is for the middleware
 }
@@ -208,12 +225,6 @@ func (a *Agent) publishStarted(ex *execution) {
 // handler chain and settles the outcome.
 func (a *Agent) run(ctx context.Context, job *Job) error {
 	ex := job.ex
-	if errors.Is(context.Cause(ctx), errReleased) {
-		if ex.claim() {
-			a.release(ctx, ex)
-		}
-		return errReleased
-	}
 	if ex.parseErr != nil {
 		return a.refuse(ctx, ex, protocol.ReasonInvalidHeaders, protocol.CodeInvalidHeaders, ex.parseErr)
 	}
@@ -255,6 +266,14 @@ func (a *Agent) run(ctx context.Context, job *Job) error {
 		return err
 	}
 
+	if cause := context.Cause(ctx); errors.Is(cause, errReleased) {
+		// Handed back before it started (after reading its snoozes: the
+		// released event counts one more).
+		if ex.claim() {
+			a.release(ctx, ex, cause)
+		}
+		return cause
+	}
 	k := a.kinds[job.Kind]
 	if k == nil {
 		if other := a.fleet.runnerOf(job.Queue, job.Kind); other != "" {
@@ -305,7 +324,9 @@ func (a *Agent) run(ctx context.Context, job *Job) error {
 	if ctx.Err() == nil {
 		err = k.handler(ctx, job)
 	}
-	a.freeSlot(ex) // the work is done; the next job may come while this one settles
+	if !a.backedUp() {
+		a.freeSlot(ex) // the work is done; the next job may come while this one settles
+	}
 	cause := context.Cause(ctx)
 	if ctx.Err() == nil {
 		cause = nil
@@ -341,10 +362,10 @@ func (a *Agent) settle(ctx context.Context, ex *execution, v verdict, err error,
 
 	switch v.action {
 	case actAck:
-		// The event goes out first: if the ack is lost, the redelivery finds
+		// The ack waits for the event: a job is never acked without its
+		// outcome stored, and if the ack is lost, the redelivery finds
 		// "succeeded" and is acked without running again.
-		a.recorder.event(ev)
-		a.ack(ex)
+		a.answerOnceStored(ex, ev, a.ack)
 	case actRetry:
 		ev.RetryIn = durationpb.New(v.delay)
 		a.recorder.event(ev)
@@ -355,8 +376,83 @@ func (a *Agent) settle(ctx context.Context, ex *execution, v verdict, err error,
 		ev.RetryIn = durationpb.New(v.delay)
 		a.handBack(ctx, ex, ev, v.delay)
 	case actRelease:
-		a.release(ctx, ex)
+		a.release(ctx, ex, errStopping)
 	}
+}
+
+// answerOnceStored publishes ev, the outcome of ex, and sends the job's
+// answer (the ack, or the TERM after its dead letter) once the server
+// confirms the event is stored — pipelined: the job's goroutine does not
+// wait, while the agent counts such jobs and pulls fewer once too many wait
+// (see backedUp). An event that cannot be stored leaves the job unanswered
+// for good: it is handed back, and its next delivery finds what did get
+// stored (docs/protocol.md §3.3).
+func (a *Agent) answerOnceStored(ex *execution, ev *jetfleetpb.JobEvent, answer func(*execution)) {
+	ex.awaitsOutcome = true
+	a.beginAwaiting(ex)
+	a.recorder.eventThen(ev, func(stored bool) {
+		if ex.answerSent.CompareAndSwap(false, true) {
+			if stored {
+				answer(ex)
+			} else {
+				a.logger.Warn("outcome of the job not stored; not acked, JetStream delivers it again", telemetry.LogJobID, ex.job.ID,
+					"event", ev.GetType())
+				if err := ex.msg.NakWithDelay(unstoredOutcomeDelay); err != nil {
+					a.logger.Warn("nak failed; JetStream redelivers after AckWait", telemetry.LogJobID, ex.job.ID, telemetry.LogError, err)
+				}
+			}
+		}
+		a.endAwaiting(ex)
+	})
+}
+
+// unstoredOutcomeDelay is how long a job whose outcome could not be stored
+// waits before its redelivery: the events stream is in trouble.
+const unstoredOutcomeDelay = 5 * time.Second
+
+// beginAwaiting counts ex among the jobs whose answer waits for their
+// outcome to be stored.
+func (a *Agent) beginAwaiting(ex *execution) {
+	a.awaitMu.Lock()
+	a.awaiting[ex] = struct{}{}
+	a.awaitMu.Unlock()
+}
+
+// endAwaiting stops counting ex and gives back its slot if it kept it.
+func (a *Agent) endAwaiting(ex *execution) {
+	a.awaitMu.Lock()
+	delete(a.awaiting, ex)
+	a.awaitMu.Unlock()
+	a.freeSlot(ex)
+}
+
+// backedUp reports whether as many finished jobs wait for their outcome to
+// be stored as the agent allows: a job finishing now keeps its slot until
+// its outcome is stored, so the agent pulls fewer jobs.
+func (a *Agent) backedUp() bool {
+	a.awaitMu.Lock()
+	defer a.awaitMu.Unlock()
+	return len(a.awaiting) >= a.cfg.MaxUnconfirmed
+}
+
+// handBackAwaiting hands back the jobs whose outcome is still not confirmed
+// when a stopping agent runs out of time: NAKed at once, their next
+// delivery finds the outcome if it was stored after all. It returns how many.
+func (a *Agent) handBackAwaiting() int {
+	a.awaitMu.Lock()
+	waiting := make([]*execution, 0, len(a.awaiting))
+	for ex := range a.awaiting {
+		waiting = append(waiting, ex)
+	}
+	a.awaitMu.Unlock()
+	n := 0
+	for _, ex := range waiting {
+		if ex.answerSent.CompareAndSwap(false, true) {
+			_ = ex.msg.Nak()
+			n++
+		}
+	}
+	return n
 }
 
 // ack acks the job's message as a request, so the server confirms it
@@ -396,11 +492,16 @@ func (a *Agent) handBack(ctx context.Context, ex *execution, ev *jetfleetpb.JobE
 	}
 }
 
-// release hands a job of a stopping agent back for immediate redelivery.
-func (a *Agent) release(ctx context.Context, ex *execution) {
+// release hands a job back for immediate redelivery, without spending an
+// attempt: the agent is stopping, or it had no free slot for the delivery
+// (cause says which).
+func (a *Agent) release(ctx context.Context, ex *execution, cause error) {
 	ex.job.outcome = protocol.EventReleased
 	ev := a.event(ex, protocol.EventReleased)
 	ev.Reason = "agent stopping"
+	if errors.Is(cause, errNoSlot) {
+		ev.Reason = "no free slot on agent " + a.cfg.ID
+	}
 	a.handBack(ctx, ex, ev, 0)
 }
 
@@ -425,8 +526,7 @@ func (a *Agent) skipDuplicate(ctx context.Context, ex *execution) error {
 	}
 	ev := a.event(ex, protocol.EventSkippedDuplicate)
 	ev.Reason = "an earlier delivery already succeeded"
-	a.recorder.event(ev)
-	a.ack(ex)
+	a.answerOnceStored(ex, ev, a.ack)
 	return nil
 }
 
@@ -478,14 +578,22 @@ func (a *Agent) deadLetter(ctx context.Context, ex *execution, v verdict, cause 
 		_ = ex.msg.NakWithDelay(5 * time.Second)
 		return
 	}
-	if err := ex.msg.TermWithReason(v.reason); err != nil {
-		a.logger.Warn("term failed; the supervisor dead-letters the job again with the same id", telemetry.LogJobID, job.ID, telemetry.LogError, err)
-	}
+	// The dead letter is stored; its events go next, and the TERM that
+	// removes the job once the dead event is stored: should the agent die
+	// in between, the next delivery finds them and TERMs without running.
 	for _, typ := range []string{v.event, protocol.EventDead} {
 		ev := a.event(ex, typ)
 		ev.Reason, ev.ErrorCode, ev.Duration, ev.OutputTail = v.reason, v.code, durationpb.New(took), output
 		ev.Error = dl.GetLastError()
-		a.recorder.event(ev)
+		if typ != protocol.EventDead {
+			a.recorder.event(ev)
+			continue
+		}
+		a.answerOnceStored(ex, ev, func(ex *execution) {
+			if err := ex.msg.TermWithReason(v.reason); err != nil {
+				a.logger.Warn("term failed; the supervisor dead-letters the job again with the same id", telemetry.LogJobID, job.ID, telemetry.LogError, err)
+			}
+		})
 	}
 }
 

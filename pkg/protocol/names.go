@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -103,6 +104,22 @@ func parseTwoTokenSubject(root, subject string) (queue, kind string, err error) 
 // published: events.job.<queue>.<kind>.<type>.<job token>.
 func JobEventSubject(queue, kind, eventType, jobID string) string {
 	return "events.job." + queue + "." + kind + "." + eventType + "." + JobToken(jobID)
+}
+
+// JobEventMsgID is the Nats-Msg-Id of a job event about delivery delivered
+// of the JOBS message at streamSeq, so that a resent event (its answer was
+// lost) is stored once inside EVENTS' duplicate window: one id per event
+// type and delivery, <type>:JOBS:<seq>:<delivered>; and one dead event per
+// job message whoever writes it, agent or supervisor, dead:dlq:JOBS:<seq>
+// (as its dead letter). It is empty without a stream sequence.
+func JobEventMsgID(eventType string, streamSeq, delivered uint64) string {
+	if streamSeq == 0 {
+		return ""
+	}
+	if eventType == EventDead {
+		return eventType + ":" + DeadLetterMsgID(StreamJobs, streamSeq)
+	}
+	return eventType + ":" + StreamJobs + ":" + strconv.FormatUint(streamSeq, 10) + ":" + strconv.FormatUint(delivered, 10)
 }
 
 // EventBatchCommitSubject is where an agent ends a fast batch of its job

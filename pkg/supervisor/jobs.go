@@ -65,7 +65,7 @@ func (s *Supervisor) publishJobEvent(ctx context.Context, ev *jetfleetpb.JobEven
 
 // deadLetterSeq moves the job message at seq in JOBS to the dead-letter
 // stream: GetMsg → publish the DeadLetter with Nats-Msg-Id
-// dlq:JOBS:<seq> → DeleteMsg → dead event. Every step is idempotent and a
+// dlq:JOBS:<seq> → dead event → DeleteMsg. Every step is idempotent and a
 // message already gone is a no-op, so running it twice, or on two
 // replicas, yields one dead letter. It reports whether it wrote one.
 // Leadership is checked again right before the steps that act on JOBS and
@@ -133,15 +133,10 @@ func (s *Supervisor) deadLetterSeq(ctx context.Context, seq uint64, reason strin
 	if _, err := s.js.PublishMsg(rctx, msg); err != nil {
 		return false, fmt.Errorf("publish dead letter of JOBS %d: %w", seq, err)
 	}
-	if !s.IsLeader() {
-		return false, errNotLeader
-	}
-	if err := s.jobs.DeleteMsg(rctx, seq); err != nil {
-		// Gone already (another replica, a concurrent TERM) is fine.
-		if _, gerr := s.jobs.GetMsg(rctx, seq); !errors.Is(gerr, jetstream.ErrMsgNotFound) {
-			return false, fmt.Errorf("delete JOBS %d: %w", seq, err)
-		}
-	}
+	// The dead event is stored before the job leaves JOBS: removed
+	// without it, the job's run would be over with no outcome in its
+	// history. Its message id makes a second one (a retry, the agent's
+	// own) the same event.
 	ev := &jetfleetpb.JobEvent{Type: protocol.EventDead, JobId: job.ID, Queue: job.Queue, Kind: job.Kind,
 		Time: timestampNow(s.clk), StreamSequence: seq, Delivered: deliveries, Reason: reason,
 		Error: dl.LastError, ErrorCode: dl.ErrorCode, ScheduleId: job.ScheduleID, Attempt: dl.Attempts}
@@ -151,8 +146,17 @@ func (s *Supervisor) deadLetterSeq(ctx context.Context, seq uint64, reason strin
 	if prev != nil {
 		ev.Snoozes, ev.MaxAttempts, ev.TraceId, ev.StartedAt = prev.GetSnoozes(), prev.GetMaxAttempts(), prev.GetTraceId(), prev.GetStartedAt()
 	}
-	if err := s.publishJobEvent(rctx, ev, "dead:"+protocol.DeadLetterMsgID(protocol.StreamJobs, seq)); err != nil {
-		s.log.Warn("dead event not stored", telemetry.LogJobID, job.ID, telemetry.LogError, err)
+	if err := s.publishJobEvent(rctx, ev, protocol.JobEventMsgID(protocol.EventDead, seq, 0)); err != nil {
+		return false, fmt.Errorf("dead event of JOBS %d: %w", seq, err)
+	}
+	if !s.IsLeader() {
+		return false, errNotLeader
+	}
+	if err := s.jobs.DeleteMsg(rctx, seq); err != nil {
+		// Gone already (another replica, a concurrent TERM) is fine.
+		if _, gerr := s.jobs.GetMsg(rctx, seq); !errors.Is(gerr, jetstream.ErrMsgNotFound) {
+			return false, fmt.Errorf("delete JOBS %d: %w", seq, err)
+		}
 	}
 	s.log.Warn("dead-lettered a job", telemetry.LogJobID, job.ID, telemetry.LogQueue, job.Queue, telemetry.LogKind, job.Kind,
 		"reason", reason, "stream_sequence", seq, "deliveries", deliveries)

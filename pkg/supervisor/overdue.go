@@ -233,7 +233,7 @@ func (s *Supervisor) failAttempt(ctx context.Context, agent string, j *jetfleetp
 			ev.Snoozes, ev.MaxAttempts, ev.ScheduleId, ev.NominalTime, ev.TraceId =
 				prev.GetSnoozes(), prev.GetMaxAttempts(), prev.GetScheduleId(), prev.GetNominalTime(), prev.GetTraceId()
 		}
-		if err := s.publishJobEvent(rctx, ev, fmt.Sprintf("timed_out:%s:%d:%d", protocol.StreamJobs, j.GetStreamSequence(), ack.Delivered)); err != nil {
+		if err := s.publishJobEvent(rctx, ev, protocol.JobEventMsgID(protocol.EventTimedOut, j.GetStreamSequence(), ack.Delivered)); err != nil {
 			log.Warn("timed_out event not stored; retrying", telemetry.LogError, err)
 			return false
 		}

@@ -39,6 +39,9 @@
 #define DLQ_RETRY_DELAY (5 * NS_PER_SEC)      /* when the dead letter could not be stored */
 #define API_TIMEOUT_MS 5000                   /* JetStream API calls, confirmed acks, sync publishes */
 #define MAX_BACKOFF 32
+/* How long a job whose outcome event could not be stored waits before its
+ * redelivery (§3.3). */
+#define UNSTORED_OUTCOME_DELAY (5 * NS_PER_SEC)
 
 /* ------------------------------------------------------------------ */
 /* Logging                                                             */
@@ -97,6 +100,7 @@ struct job {
     bool running; /* the kind's function is running */
     bool settled; /* answered: no more +WPI, not held any more */
     bool started_event;
+    bool no_slot; /* delivered when no slot was free (§3.1): handed back, never run */
     int64_t started, deadline; /* wall clock */
     int64_t last_progress;     /* monotonic: last +WPI or delivery */
     enum stop stop;
@@ -164,7 +168,7 @@ static void request_jobs_locked(void)
 static void *job_thread(void *arg);
 
 /* A job was delivered: track it and run it on a thread of its own. */
-static void start_job(natsMsg *msg)
+static void start_job(natsMsg *msg, bool no_slot)
 {
     struct job *j = calloc(1, sizeof(*j));
     const char *reply = natsMsg_GetReply(msg);
@@ -175,6 +179,7 @@ static void start_job(natsMsg *msg)
         return;
     }
     j->msg = msg;
+    j->no_slot = no_slot;
     j->started = wall_ns();
     j->last_progress = mono_ns();
 
@@ -190,7 +195,8 @@ static void start_job(natsMsg *msg)
     if (rc != 0) {
         A.jobs = j->next;
         A.threads--;
-        A.gathered++;
+        if (!no_slot)
+            A.gathered++;
     }
     unlock();
     pthread_attr_destroy(&attr);
@@ -247,11 +253,14 @@ static void on_pull_reply(natsConnection *nc, natsSubscription *sub, natsMsg *ms
         return;
     }
     lock();
-    if (A.outstanding > 0)
+    /* §3.1: a request counted lost may deliver after all; with no slot
+     * reserved for the job, running it would exceed the concurrency. */
+    bool no_slot = A.outstanding == 0;
+    if (!no_slot)
         A.outstanding--;
     A.last_activity = mono_ns();
     unlock();
-    start_job(msg);
+    start_job(msg, no_slot);
 }
 
 /* ------------------------------------------------------------------ */
@@ -445,10 +454,20 @@ static bool publish_event(const struct job *j, const event *e, bool wait)
     jsErrCode jerr = 0;
     natsStatus s;
 
+    char msg_id[96];
+
     jb_init(&b);
     event_json(&b, j, e);
     snprintf(subject, sizeof(subject), "events.job.%s.%s.%s.%s", j->queue, j->kind, e->type, j->token);
+    /* §3.3: one id per event type and delivery (dead: one per job message),
+     * so a resend is stored once. */
+    if (strcmp(e->type, "dead") == 0)
+        snprintf(msg_id, sizeof(msg_id), "dead:dlq:JOBS:%" PRIu64, j->ack.stream_seq);
+    else
+        snprintf(msg_id, sizeof(msg_id), "%s:JOBS:%" PRIu64 ":%" PRIu64, e->type, j->ack.stream_seq, j->ack.delivered);
     s = b.failed ? NATS_NO_MEMORY : natsMsg_Create(&m, subject, NULL, b.buf, (int)b.len);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Nats-Msg-Id", msg_id);
     if (s == NATS_OK)
         s = wait ? js_PublishMsg(NULL, A.js, m, &o, &jerr) : js_PublishMsgAsync(A.js, &m, &o);
     natsMsg_Destroy(m); /* no-op when the library took it */
@@ -513,13 +532,25 @@ static void ack_confirmed(struct job *j)
     natsMsg_Destroy(reply);
 }
 
+/* §3.3: the ack only once the outcome event is stored. If it cannot be, the
+ * job is not acked: it comes back, and its next delivery finds what was
+ * stored. (This example waits for the event on the job's thread; the Go
+ * agent pipelines it.) */
+static void ack_once_stored(struct job *j, const event *e)
+{
+    if (publish_event(j, e, true)) {
+        ack_confirmed(j);
+        return;
+    }
+    log_warn("job %s: %s event not stored; not acked, JetStream delivers it again", j->id, e->type);
+    nak(j, UNSTORED_OUTCOME_DELAY);
+}
+
 static void succeed(struct job *j, int64_t took)
 {
     event e = {.type = "succeeded", .duration = took, .retry_in = -1, .snoozes = j->snoozes};
     settle(j);
-    /* The event first: if the ack is lost, the redelivery finds "succeeded". */
-    publish_event(j, &e, false);
-    ack_confirmed(j);
+    ack_once_stored(j, &e);
 }
 
 static void skip_duplicate(struct job *j)
@@ -528,8 +559,7 @@ static void skip_duplicate(struct job *j)
                .duration = -1, .retry_in = -1, .snoozes = j->snoozes};
     settle(j);
     log_info("job %s: already succeeded; acking the redelivery without running it", j->id);
-    publish_event(j, &e, false);
-    ack_confirmed(j);
+    ack_once_stored(j, &e);
 }
 
 static void retry(struct job *j, int64_t delay, const char *code, const char *error, int64_t took)
@@ -602,7 +632,8 @@ static void dead_letter_json(jbuf *b, struct job *j, const char *reason, const c
     jb_end_object(b);
 }
 
-/* §3.5: store the dead letter, then +TERM, then the events. */
+/* §3.5: store the dead letter, then the events, then +TERM once the dead
+ * event is stored. */
 static void dead_letter(struct job *j, const char *reason, const char *code, const char *event_type,
                         const char *error, int64_t took)
 {
@@ -637,17 +668,21 @@ static void dead_letter(struct job *j, const char *reason, const char *code, con
         return;
     }
 
+    event e = {.type = event_type, .error = error, .error_code = code, .reason = reason,
+               .duration = took, .retry_in = -1, .snoozes = j->snoozes};
+    publish_event(j, &e, false);
+    e.type = "dead";
+    if (!publish_event(j, &e, true)) {
+        log_warn("job %s: dead event not stored; not terminated, JetStream delivers it again", j->id);
+        nak(j, UNSTORED_OUTCOME_DELAY);
+        return;
+    }
+
     char term[160];
     snprintf(term, sizeof(term), "+TERM %s", reason);
     s = natsConnection_PublishString(A.nc, j->reply, term);
     if (s != NATS_OK)
         log_warn("job %s: TERM not sent (%s); the supervisor dead-letters it again with the same id", j->id, nats_err(s));
-
-    event e = {.type = event_type, .error = error, .error_code = code, .reason = reason,
-               .duration = took, .retry_in = -1, .snoozes = j->snoozes};
-    publish_event(j, &e, false);
-    e.type = "dead";
-    publish_event(j, &e, false);
 }
 
 /* §3.2: the message's Jetfleet-Backoff (the last one repeats), else
@@ -791,6 +826,11 @@ static void process(struct job *j)
         skip_duplicate(j);
         return;
     }
+    if (j->no_slot) {
+        snprintf(text, sizeof(text), "no free slot on agent %s", A.id);
+        hand_back(j, 0, text);
+        return;
+    }
 
     kind_fn fn = kind_find(j->kind);
     if (!fn) {
@@ -868,8 +908,10 @@ static void *job_thread(void *arg)
             break;
         }
     A.threads--;
-    A.gathered++; /* the slot is free: ask for the next job */
-    request_jobs_locked();
+    if (!j->no_slot) {
+        A.gathered++; /* the slot is free: ask for the next job */
+        request_jobs_locked();
+    }
     pthread_cond_broadcast(&A.cond);
     unlock();
 
