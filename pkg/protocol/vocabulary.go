@@ -51,6 +51,12 @@ const (
 	ReasonUnknownKind      = "unknown_kind"
 	ReasonInvalidHeaders   = "invalid_headers"
 	ReasonPayloadTooLarge  = "payload_too_large"
+	// ReasonUnroutable: the job's queue has no consumer (JOBS accepted it,
+	// nothing would ever deliver it).
+	ReasonUnroutable = "unroutable"
+	// ReasonInvalidSubject: the job's subject is not jobs.<queue>.<kind>
+	// with valid tokens, and no queue consumer delivers it.
+	ReasonInvalidSubject = "invalid_subject"
 )
 
 // Agent command actions (AgentCommand.action).

@@ -6,17 +6,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/jetfleet/jetfleet/pkg/lease"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
+	"github.com/jetfleet/jetfleet/pkg/topology"
 )
 
 // The request/reply API, served by every replica as the micro service
@@ -230,6 +228,10 @@ type StatusResponse struct {
 	Running     int           `json:"running"`
 	Queues      []QueueStatus `json:"queues"`
 	DLQDepth    uint64        `json:"dlq_depth"`
+	// Unroutable counts the jobs in JOBS that no queue consumer delivers
+	// (a queue without a consumer, a subject of the wrong shape); the
+	// leader dead-letters them after supervisor.unroutable_after.
+	Unroutable uint64 `json:"unroutable"`
 	// Attention lists running jobs past their deadline or whose ack is overdue.
 	Attention []RunningJob `json:"attention,omitempty"`
 }
@@ -247,12 +249,15 @@ type QueueStatus struct {
 	PausedUntil time.Time     `json:"paused_until,omitzero"`
 	// Breaker is open while the circuit breaker holds the queue paused.
 	Breaker string `json:"breaker"`
+	// Declared is set for a queue declared under topology.queues (the
+	// supervisor keeps its consumer at the declared settings).
+	Declared bool `json:"declared,omitempty"`
 }
 
 func (s *Supervisor) serveAPI() (micro.Service, error) {
 	svc, err := micro.AddService(s.nc, micro.Config{
 		Name: ServiceName, Version: ServiceVersion,
-		Description: "jetfleet supervisor: dead letters (ls, get, replay, purge), agents, jobs, history, status",
+		Description: "jetfleet supervisor: dead letters (ls, get, replay, purge), agents, jobs, history, status, queues (ls, add, rm)",
 		Metadata:    map[string]string{"holder": s.holder},
 	})
 	if err != nil {
@@ -268,6 +273,9 @@ func (s *Supervisor) serveAPI() (micro.Service, error) {
 		{APISubject, map[string]func(context.Context, []byte) (any, error){
 			EndpointAgents: s.apiAgents, EndpointJobs: s.apiJobs, EndpointJob: s.apiJob, EndpointHistory: s.apiHistory,
 			EndpointStatus: s.apiStatus,
+		}},
+		{QueuesAPISubject, map[string]func(context.Context, []byte) (any, error){
+			EndpointQueueList: s.apiQueues, EndpointQueueAdd: s.apiQueueAdd, EndpointQueueRemove: s.apiQueueRemove,
 		}},
 	}
 	for _, grp := range groups {
@@ -553,28 +561,16 @@ func (s *Supervisor) apiStatus(ctx context.Context, data []byte) (any, error) {
 		res.Capacity += a.Capacity
 		res.Running += a.Jobs
 	}
-	lister := s.jobs.ListConsumers(ctx)
-	for ci := range lister.Info() {
-		queue, ok := strings.CutPrefix(ci.Name, protocol.QueueConsumer(""))
-		if !ok {
-			continue
-		}
-		qs := QueueStatus{Queue: queue, Pending: ci.NumPending, AckPending: ci.NumAckPending, Redelivered: ci.NumRedelivered,
-			Waiting: ci.NumWaiting, AckWait: ci.Config.AckWait, MaxDeliver: ci.Config.MaxDeliver, Paused: ci.Paused, Breaker: "closed"}
-		if ci.Paused && ci.Config.PauseUntil != nil {
-			qs.PausedUntil = *ci.Config.PauseUntil
-		}
-		if open, _ := s.rates.breakerState(queue); open {
-			qs.Breaker = "open"
-		} else if ci.Paused && s.breakerPaused(ctx, queue) {
-			qs.Breaker = "open"
-		}
-		res.Queues = append(res.Queues, qs)
-	}
-	if err := lister.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
+	queues, err := s.queueStatuses(ctx)
+	if err != nil {
 		return nil, internal(err)
 	}
-	sort.Slice(res.Queues, func(i, j int) bool { return res.Queues[i].Queue < res.Queues[j].Queue })
+	res.Queues = queues
+	if unroutable, err := topology.UnroutableSubjects(ctx, s.jobs); err == nil {
+		for _, n := range unroutable {
+			res.Unroutable += n
+		}
+	}
 	if info, err := s.dlq.Info(ctx); err == nil {
 		res.DLQDepth = info.State.Msgs
 	}

@@ -78,3 +78,23 @@ func (c *Client) Status(ctx context.Context) (*StatusResponse, error) {
 	var res StatusResponse
 	return &res, c.call(ctx, supervisorSubject(EndpointStatus), struct{}{}, &res)
 }
+
+func queuesSubject(endpoint string) string { return QueuesAPISubject + "." + endpoint }
+
+// Queues lists the queues and the jobs no queue serves.
+func (c *Client) Queues(ctx context.Context) (*QueuesResponse, error) {
+	var res QueuesResponse
+	return &res, c.call(ctx, queuesSubject(EndpointQueueList), struct{}{}, &res)
+}
+
+// AddQueue creates a queue (its consumer), or changes its settings.
+func (c *Client) AddQueue(ctx context.Context, req QueueAddRequest) (*QueueAddResponse, error) {
+	var res QueueAddResponse
+	return &res, c.call(ctx, queuesSubject(EndpointQueueAdd), &req, &res)
+}
+
+// RemoveQueue deletes a queue (its consumer).
+func (c *Client) RemoveQueue(ctx context.Context, req QueueRemoveRequest) (*QueueRemoveResponse, error) {
+	var res QueueRemoveResponse
+	return &res, c.call(ctx, queuesSubject(EndpointQueueRemove), &req, &res)
+}

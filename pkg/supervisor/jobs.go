@@ -112,8 +112,13 @@ func (s *Supervisor) deadLetterSeq(ctx context.Context, seq uint64, reason strin
 			dl.Attempts = uint32(deliveries) - prev.GetSnoozes()
 		}
 	}
-	if reason == protocol.ReasonTimedOut {
+	switch reason {
+	case protocol.ReasonTimedOut:
 		dl.ErrorCode = protocol.CodeTimeout
+	case protocol.ReasonUnroutable:
+		dl.ErrorCode = protocol.CodeUnroutable
+	case protocol.ReasonInvalidSubject:
+		dl.ErrorCode = protocol.CodeInvalidSubject
 	}
 	if detail != "" {
 		if dl.LastError != "" {

@@ -141,6 +141,9 @@ func (s *Supervisor) Start(ctx context.Context) error {
 	if err := s.provision(ctx); err != nil {
 		return fail(err)
 	}
+	if err := topology.EnsureDeclaredQueues(ctx, s.js, s.topo); err != nil {
+		return fail(err)
+	}
 	if err := s.tracker.start(runCtx); err != nil {
 		return fail(fmt.Errorf("track agents: %w", err))
 	}
@@ -290,6 +293,7 @@ func (s *Supervisor) onLeadership(runCtx context.Context, leading bool) {
 	s.runner.Go(func(context.Context) { s.consumeDeadLetters(ctx) })
 	s.runner.Go(func(context.Context) { s.consumeEvents(ctx) })
 	s.runner.Go(func(context.Context) { s.reconcileLoop(ctx) })
+	s.runner.Go(func(context.Context) { s.unroutableLoop(ctx) })
 	s.runner.Go(func(context.Context) { s.rates.adopt(ctx) })
 }
 

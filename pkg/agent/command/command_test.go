@@ -360,6 +360,9 @@ func TestEnvironmentHasJobMetadataAndNoAgentSecrets(t *testing.T) {
 	assert.Equal(t, "default", env[command.EnvQueue])
 	assert.Equal(t, "1", env[command.EnvAttempt])
 	assert.Equal(t, "3", env[command.EnvMaxAttempts])
+	key := protocol.IdempotencyKey("env-1", ev.GetStreamSequence())
+	assert.Equal(t, key, env[command.EnvIdempotencyKey])
+	assert.Equal(t, key+"#1", env[command.EnvAttemptKey])
 	deadline, err := time.Parse(time.RFC3339, env[command.EnvDeadline])
 	require.NoError(t, err, "deadline is RFC 3339")
 	assert.WithinDuration(t, published.Add(time.Minute), deadline, 15*time.Second)
@@ -372,7 +375,7 @@ func TestEnvironmentHasJobMetadataAndNoAgentSecrets(t *testing.T) {
 	assert.Equal(t, command.DefaultPath, env["PATH"])
 
 	want := []string{"CONFIGURED", "INHERITED_VAR", "PATH", helperEnv, command.EnvAttempt, command.EnvDeadline, command.EnvJobID,
-		command.EnvKind, command.EnvMaxAttempts, command.EnvNominalTime, command.EnvQueue, command.EnvScheduleID, command.EnvTraceParent}
+		command.EnvIdempotencyKey, command.EnvAttemptKey, command.EnvKind, command.EnvMaxAttempts, command.EnvNominalTime, command.EnvQueue, command.EnvScheduleID, command.EnvTraceParent}
 	var keys []string
 	for k := range env {
 		keys = append(keys, k)

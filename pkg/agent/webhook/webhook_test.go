@@ -138,9 +138,10 @@ func TestSuccessPostsPayloadAndMetadata(t *testing.T) {
 	require.Len(t, reqs, 1)
 	r := reqs[0]
 	assert.Equal(t, `{"to":"a@example.com"}`, r.body)
+	key := protocol.IdempotencyKey("ok-1", ev.GetStreamSequence())
 	for k, want := range map[string]string{
 		"Content-Type": "application/json", "Authorization": "Bearer s3cret", "Jetfleet-Job-Id": "ok-1",
-		"Idempotency-Key": "ok-1", "Jetfleet-Queue": "default", "Jetfleet-Kind": "hook", "Jetfleet-Attempt": "1",
+		"Idempotency-Key": key, "Jetfleet-Attempt-Key": key + "#1", "Jetfleet-Queue": "default", "Jetfleet-Kind": "hook", "Jetfleet-Attempt": "1",
 		"Jetfleet-Max-Attempts": "4", "Jetfleet-Schedule-Id": "daily", "Jetfleet-Nominal-Time": "2030-01-01T00:00:00Z",
 	} {
 		assert.Equal(t, want, r.header.Get(k), k)
