@@ -17,210 +17,56 @@ import (
 	"github.com/nats-io/nuid"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 	"github.com/jetfleet/jetfleet/pkg/telemetry"
 )
 
-// The request/reply API, served by every replica as the micro service
-// ServiceName (discoverable with $SRV.INFO) on APISubject + ".<endpoint>".
-// Requests and replies are JSON; an error reply carries the micro error
-// headers and an Error document (code, message, retryable, field).
+// The request/reply API (protocol.APISchedule*), served by every replica
+// as the micro service protocol.SchedulerService (discoverable with
+// $SRV.INFO). Requests and replies are JSON (pkg/jetfleet holds their
+// types); an error reply carries the micro error headers and an Error
+// document (code, message, retryable, field).
 const (
-	ServiceName    = "jetfleet-scheduler"
-	ServiceVersion = "0.1.0"
-	APISubject     = "jetfleet.api.scheduler"
+	// ServiceVersion is the API's version in $SRV.INFO.
+	ServiceVersion = "0.2.0"
 
 	// leaderSubject receives trigger and backfill requests forwarded by
 	// replicas that do not lead; only the leader subscribes.
 	leaderSubject = "jetfleet.scheduler.leader"
+	// Operations forwarded on leaderSubject.<op>.
+	opTrigger  = "trigger"
+	opBackfill = "backfill"
 )
-
-// API endpoints (the last token of their subject).
-const (
-	EndpointAdd      = "add"
-	EndpointUpdate   = "update"
-	EndpointGet      = "get"
-	EndpointList     = "ls"
-	EndpointRemove   = "rm"
-	EndpointPause    = "pause"
-	EndpointResume   = "resume"
-	EndpointTrigger  = "trigger"
-	EndpointPreview  = "preview"
-	EndpointBackfill = "backfill"
-)
-
-// UpdateRequest replaces a schedule's description, spec, target and policy
-// (pause state changes only through pause and resume). A non-zero Revision
-// must match the stored one.
-type UpdateRequest struct {
-	Schedule
-	Revision uint64 `json:"revision,omitempty"`
-}
-
-// IDRequest names a schedule (get, rm, resume, trigger).
-type IDRequest struct {
-	ID string `json:"id"`
-}
-
-// PauseRequest pauses a schedule with a note.
-type PauseRequest struct {
-	ID   string `json:"id"`
-	Note string `json:"note,omitempty"`
-}
-
-// ListRequest pages through the schedules by id.
-type ListRequest struct {
-	// After is the last id of the previous page.
-	After string `json:"after,omitempty"`
-	// Limit defaults to 100; at most 1000.
-	Limit int `json:"limit,omitempty"`
-}
-
-// ListResponse is one page of schedules; Next is the After of the next
-// page, empty on the last one.
-type ListResponse struct {
-	Schedules []Summary `json:"schedules"`
-	Next      string    `json:"next,omitempty"`
-}
-
-// Summary is a schedule in a listing.
-type Summary struct {
-	ID       string     `json:"id"`
-	Trigger  string     `json:"trigger"`
-	Queue    string     `json:"queue"`
-	Kind     string     `json:"kind"`
-	Paused   bool       `json:"paused,omitempty"`
-	NextFire *time.Time `json:"next_fire,omitempty"`
-	LastFire *time.Time `json:"last_fire,omitempty"`
-	Running  string     `json:"running_job_id,omitempty"`
-}
-
-// Info is a schedule with its revision and state.
-type Info struct {
-	Schedule *Schedule `json:"schedule"`
-	Revision uint64    `json:"revision"`
-	State    *State    `json:"state,omitempty"`
-	// NextFires are the next nominal times (up to 3) in the schedule's zone.
-	NextFires []time.Time `json:"next_fires,omitempty"`
-}
-
-// TriggerResponse says what a trigger did: fired, skipped or buffered.
-type TriggerResponse struct {
-	JobID       string    `json:"job_id"`
-	NominalTime time.Time `json:"nominal_time"`
-	Outcome     string    `json:"outcome"`
-	Reason      string    `json:"reason,omitempty"`
-	Duplicate   bool      `json:"duplicate,omitempty"`
-}
-
-// PreviewRequest asks for the next Count nominal times at or after From
-// (default now) of a stored schedule (ID) or of a definition not stored yet.
-type PreviewRequest struct {
-	ID       string    `json:"id,omitempty"`
-	Schedule *Schedule `json:"schedule,omitempty"`
-	From     time.Time `json:"from,omitzero"`
-	// Count defaults to 10; at most 1000.
-	Count int `json:"count,omitempty"`
-}
-
-// PreviewResponse lists nominal times in the schedule's zone.
-type PreviewResponse struct {
-	Zone  string      `json:"zone"`
-	Times []time.Time `json:"times"`
-}
-
-// BackfillRequest fires every nominal time in [From, To] (To not in the
-// future), oldest first, regardless of the overlap policy. Each fire has the
-// job id of its nominal time, so times that already fired inside the JOBS
-// duplicate window are not published again.
-type BackfillRequest struct {
-	ID   string    `json:"id"`
-	From time.Time `json:"from"`
-	To   time.Time `json:"to"`
-	// Max bounds the fires; defaults to, and is capped by, scheduler.max_backfill.
-	Max int `json:"max,omitempty"`
-}
-
-// BackfillResponse counts what a backfill published.
-type BackfillResponse struct {
-	Fired      int       `json:"fired"`
-	Duplicates int       `json:"duplicates"`
-	First      time.Time `json:"first,omitzero"`
-	Last       time.Time `json:"last,omitzero"`
-	// Truncated is true when nominal times after Last were left out (Max).
-	Truncated bool `json:"truncated,omitempty"`
-}
 
 func (s *Scheduler) serveAPI() (micro.Service, error) {
 	svc, err := micro.AddService(s.nc, micro.Config{
-		Name: ServiceName, Version: ServiceVersion,
+		Name: protocol.SchedulerService, Version: ServiceVersion,
 		Description: "jetfleet schedules: add, update, get, ls, rm, pause, resume, trigger, preview, backfill",
 		Metadata:    map[string]string{"holder": s.holder},
 	})
 	if err != nil {
 		return nil, err
 	}
-	g := svc.AddGroup(APISubject)
-	for name, h := range map[string]func(context.Context, []byte) (any, error){
-		EndpointAdd: s.apiAdd, EndpointUpdate: s.apiUpdate, EndpointGet: s.apiGet, EndpointList: s.apiList,
-		EndpointRemove: s.apiRemove, EndpointPause: s.apiPause, EndpointResume: s.apiResume,
-		EndpointPreview: s.apiPreview,
-		EndpointTrigger: s.forwarding(EndpointTrigger), EndpointBackfill: s.forwarding(EndpointBackfill),
-	} {
-		if err := g.AddEndpoint(name, s.handler(h)); err != nil {
-			_ = svc.Stop()
-			return nil, err
-		}
+	err = protocol.ServeAPI(svc, s.runner.Context, 2*s.cfg.PublishTimeout, map[string]protocol.APIHandlerFunc{
+		protocol.APIScheduleAdd: s.apiAdd, protocol.APIScheduleUpdate: s.apiUpdate, protocol.APIScheduleGet: s.apiGet,
+		protocol.APIScheduleList: s.apiList, protocol.APIScheduleRemove: s.apiRemove, protocol.APISchedulePause: s.apiPause,
+		protocol.APIScheduleResume: s.apiResume, protocol.APISchedulePreview: s.apiPreview,
+		protocol.APIScheduleTrigger: s.forwarding(opTrigger), protocol.APIScheduleBackfill: s.forwarding(opBackfill),
+	})
+	if err != nil {
+		_ = svc.Stop()
+		return nil, err
 	}
 	return svc, nil
-}
-
-// errForwarded carries a reply from the leader back unchanged.
-type errForwarded struct{ msg *nats.Msg }
-
-func (e *errForwarded) Error() string { return "forwarded" }
-
-func (s *Scheduler) handler(h func(context.Context, []byte) (any, error)) micro.HandlerFunc {
-	return func(req micro.Request) {
-		ctx, cancel := context.WithTimeout(s.runner.Context(), 2*s.cfg.PublishTimeout)
-		defer cancel()
-		res, err := h(ctx, req.Data())
-		var fwd *errForwarded
-		switch {
-		case errors.As(err, &fwd):
-			if code := fwd.msg.Header.Get(micro.ErrorCodeHeader); code != "" {
-				_ = req.Error(code, fwd.msg.Header.Get(micro.ErrorHeader), fwd.msg.Data)
-				return
-			}
-			_ = req.Respond(fwd.msg.Data)
-		case err != nil:
-			protocol.RespondError(req, err)
-		default:
-			data, merr := json.Marshal(res)
-			if merr != nil {
-				protocol.RespondError(req, merr)
-				return
-			}
-			_ = req.Respond(data)
-		}
-	}
 }
 
 func unavailable(format string, args ...any) error {
 	return protocol.Errorf(protocol.CodeUnavailable, format, args...)
 }
 
-func internal(err error) error {
-	var pe *protocol.Error
-	if errors.As(err, &pe) {
-		return err
-	}
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) {
-		return unavailable("%v", err)
-	}
-	return protocol.Errorf(protocol.CodeInternal, "%v", err)
-}
+func internal(err error) error { return protocol.AsAPIError(err) }
 
 func notFound(id string) error {
 	return &protocol.Error{Code: protocol.CodeNotFound, Field: "id", Message: fmt.Sprintf("no schedule %q", id)}
@@ -228,7 +74,7 @@ func notFound(id string) error {
 
 // prepare validates a definition for storing at now: the static checks of
 // compile, then those that need the time or the server.
-func (s *Scheduler) prepare(ctx context.Context, def *Schedule, now time.Time, triggerChanged bool) error {
+func (s *Scheduler) prepare(ctx context.Context, def *jetfleet.Schedule, now time.Time, triggerChanged bool) error {
 	c, err := compile(def)
 	if err != nil {
 		return err
@@ -244,7 +90,7 @@ func (s *Scheduler) prepare(ctx context.Context, def *Schedule, now time.Time, t
 		}
 	}
 	if c.kind == kindTime {
-		field, _ := def.Spec.triggerField()
+		field, _ := def.Spec.TriggerField()
 		if _, ok := c.nextNominal(max(now.Unix()-c.window, def.EffectiveFrom.Unix())); !ok {
 			if c.end != math.MaxInt64 {
 				field = "policy.end_at"
@@ -263,7 +109,7 @@ func (s *Scheduler) prepare(ctx context.Context, def *Schedule, now time.Time, t
 
 // resolveStream finds the stream of an event trigger and the sequence
 // before which stream messages do not count.
-func (s *Scheduler) resolveStream(ctx context.Context, def *Schedule) error {
+func (s *Scheduler) resolveStream(ctx context.Context, def *jetfleet.Schedule) error {
 	switch {
 	case def.Spec.Event != nil:
 		ev := def.Spec.Event
@@ -308,8 +154,8 @@ func (s *Scheduler) lastSequence(ctx context.Context, stream string) (uint64, er
 }
 
 func (s *Scheduler) apiAdd(ctx context.Context, data []byte) (any, error) {
-	def, err := DecodeSchedule(data)
-	if err != nil {
+	def := &jetfleet.Schedule{}
+	if err := protocol.DecodeRequest(data, def); err != nil {
 		return nil, err
 	}
 	now := s.clk.Now()
@@ -350,8 +196,8 @@ func (s *Scheduler) apiAdd(ctx context.Context, data []byte) (any, error) {
 }
 
 func (s *Scheduler) apiUpdate(ctx context.Context, data []byte) (any, error) {
-	var req UpdateRequest
-	if err := decodeJSON(data, &req); err != nil {
+	var req jetfleet.ScheduleUpdateRequest
+	if err := protocol.DecodeRequest(data, &req); err != nil {
 		return nil, err
 	}
 	def := &req.Schedule
@@ -392,8 +238,8 @@ func (s *Scheduler) apiUpdate(ctx context.Context, data []byte) (any, error) {
 }
 
 // triggerChanged compares the user-set parts of two specs.
-func triggerChanged(a, b *Spec) bool {
-	norm := func(sp *Spec) []byte {
+func triggerChanged(a, b *jetfleet.Spec) bool {
+	norm := func(sp *jetfleet.Spec) []byte {
 		c := *sp
 		if c.Event != nil {
 			ev := *c.Event
@@ -414,7 +260,7 @@ func triggerChanged(a, b *Spec) bool {
 	return !bytes.Equal(norm(a), norm(b))
 }
 
-func (s *Scheduler) load(ctx context.Context, id string) (*Schedule, uint64, error) {
+func (s *Scheduler) load(ctx context.Context, id string) (*jetfleet.Schedule, uint64, error) {
 	kve, err := s.defs.Get(ctx, id)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, 0, notFound(id)
@@ -422,18 +268,18 @@ func (s *Scheduler) load(ctx context.Context, id string) (*Schedule, uint64, err
 	if err != nil {
 		return nil, 0, internal(err)
 	}
-	def, err := DecodeSchedule(kve.Value())
+	def, err := jetfleet.DecodeSchedule(kve.Value())
 	if err != nil {
 		return nil, 0, internal(err)
 	}
 	return def, kve.Revision(), nil
 }
 
-func (s *Scheduler) info(ctx context.Context, def *Schedule, rev uint64) (*Info, error) {
-	info := &Info{Schedule: def, Revision: rev}
+func (s *Scheduler) info(ctx context.Context, def *jetfleet.Schedule, rev uint64) (*jetfleet.ScheduleInfo, error) {
+	info := &jetfleet.ScheduleInfo{Schedule: def, Revision: rev}
 	rt := newRuntime()
 	if kve, err := s.states.Get(ctx, def.ID); err == nil {
-		var st State
+		var st jetfleet.ScheduleState
 		if json.Unmarshal(kve.Value(), &st) == nil {
 			info.State = &st
 			rt = fromState(&st)
@@ -456,8 +302,8 @@ func (s *Scheduler) info(ctx context.Context, def *Schedule, rev uint64) (*Info,
 }
 
 func (s *Scheduler) apiGet(ctx context.Context, data []byte) (any, error) {
-	var req IDRequest
-	if err := decodeJSON(data, &req); err != nil {
+	var req jetfleet.ScheduleIDRequest
+	if err := protocol.DecodeRequest(data, &req); err != nil {
 		return nil, err
 	}
 	def, rev, err := s.load(ctx, req.ID)
@@ -468,9 +314,9 @@ func (s *Scheduler) apiGet(ctx context.Context, data []byte) (any, error) {
 }
 
 func (s *Scheduler) apiList(ctx context.Context, data []byte) (any, error) {
-	var req ListRequest
+	var req jetfleet.ScheduleListRequest
 	if len(data) > 0 {
-		if err := decodeJSON(data, &req); err != nil {
+		if err := protocol.DecodeRequest(data, &req); err != nil {
 			return nil, err
 		}
 	}
@@ -486,7 +332,7 @@ func (s *Scheduler) apiList(ctx context.Context, data []byte) (any, error) {
 	if err := s.syncDefinitions(ctx); err != nil {
 		return nil, internal(err)
 	}
-	res := &ListResponse{Schedules: []Summary{}}
+	res := &jetfleet.ScheduleListResponse{Schedules: []jetfleet.ScheduleSummary{}}
 	err := s.eng.call(ctx, func(e *engine) {
 		ids := make([]string, 0, len(e.byID))
 		for id, en := range e.byID {
@@ -524,9 +370,9 @@ func (s *Scheduler) syncDefinitions(ctx context.Context) error {
 	return nil
 }
 
-func (e *engine) summary(en *entry) Summary {
+func (e *engine) summary(en *entry) jetfleet.ScheduleSummary {
 	c := en.c
-	sum := Summary{ID: en.id, Trigger: c.describe(), Queue: c.queue, Kind: c.kindName, Paused: c.paused, Running: en.rt.running}
+	sum := jetfleet.ScheduleSummary{ID: en.id, Trigger: c.describe(), Queue: c.queue, Kind: c.kindName, Paused: c.paused, Running: en.rt.running}
 	if en.rt.lastJobID != "" {
 		t := time.Unix(en.rt.lastFireNom, 0).In(c.loc)
 		sum.LastFire = &t
@@ -541,8 +387,8 @@ func (e *engine) summary(en *entry) Summary {
 }
 
 func (s *Scheduler) apiRemove(ctx context.Context, data []byte) (any, error) {
-	var req IDRequest
-	if err := decodeJSON(data, &req); err != nil {
+	var req jetfleet.ScheduleIDRequest
+	if err := protocol.DecodeRequest(data, &req); err != nil {
 		return nil, err
 	}
 	def, rev, err := s.load(ctx, req.ID)
@@ -563,25 +409,25 @@ func (s *Scheduler) apiRemove(ctx context.Context, data []byte) (any, error) {
 }
 
 func (s *Scheduler) apiPause(ctx context.Context, data []byte) (any, error) {
-	var req PauseRequest
-	if err := decodeJSON(data, &req); err != nil {
+	var req jetfleet.SchedulePauseRequest
+	if err := protocol.DecodeRequest(data, &req); err != nil {
 		return nil, err
 	}
 	if len(req.Note) > maxTextLength {
 		return nil, protocol.FieldError("note", "is longer than %d bytes", maxTextLength)
 	}
-	return s.modify(ctx, req.ID, "paused", req.Note, func(def *Schedule, _ time.Time) error {
+	return s.modify(ctx, req.ID, "paused", req.Note, func(def *jetfleet.Schedule, _ time.Time) error {
 		def.Paused, def.Note = true, req.Note
 		return nil
 	})
 }
 
 func (s *Scheduler) apiResume(ctx context.Context, data []byte) (any, error) {
-	var req IDRequest
-	if err := decodeJSON(data, &req); err != nil {
+	var req jetfleet.ScheduleIDRequest
+	if err := protocol.DecodeRequest(data, &req); err != nil {
 		return nil, err
 	}
-	return s.modify(ctx, req.ID, "resumed", "", func(def *Schedule, now time.Time) error {
+	return s.modify(ctx, req.ID, "resumed", "", func(def *jetfleet.Schedule, now time.Time) error {
 		if !def.Paused {
 			return nil
 		}
@@ -596,7 +442,7 @@ func (s *Scheduler) apiResume(ctx context.Context, data []byte) (any, error) {
 
 // modify applies change to a stored definition with a revision-checked
 // write, reading again when another writer got there first.
-func (s *Scheduler) modify(ctx context.Context, id, eventType, reason string, change func(*Schedule, time.Time) error) (any, error) {
+func (s *Scheduler) modify(ctx context.Context, id, eventType, reason string, change func(*jetfleet.Schedule, time.Time) error) (any, error) {
 	for attempt := 0; ; attempt++ {
 		def, rev, err := s.load(ctx, id)
 		if err != nil {
@@ -623,7 +469,7 @@ func (s *Scheduler) modify(ctx context.Context, id, eventType, reason string, ch
 	}
 }
 
-func (s *Scheduler) publishEvent(ctx context.Context, def *Schedule, eventType string, rev uint64, reason string) {
+func (s *Scheduler) publishEvent(ctx context.Context, def *jetfleet.Schedule, eventType string, rev uint64, reason string) {
 	doc := &jetfleetpb.ScheduleEvent{Type: eventType, ScheduleId: def.ID, Time: timestamppb.New(s.clk.Now()),
 		Queue: def.Target.Queue, Kind: def.Target.Kind, Reason: reason}
 	data, err := protocol.Marshal(doc)
@@ -638,8 +484,8 @@ func (s *Scheduler) publishEvent(ctx context.Context, def *Schedule, eventType s
 }
 
 func (s *Scheduler) apiPreview(ctx context.Context, data []byte) (any, error) {
-	var req PreviewRequest
-	if err := decodeJSON(data, &req); err != nil {
+	var req jetfleet.PreviewRequest
+	if err := protocol.DecodeRequest(data, &req); err != nil {
 		return nil, err
 	}
 	def := req.Schedule
@@ -672,7 +518,7 @@ func (s *Scheduler) apiPreview(ctx context.Context, data []byte) (any, error) {
 	if from.IsZero() {
 		from = s.clk.Now()
 	}
-	res := &PreviewResponse{Zone: c.loc.String(), Times: []time.Time{}}
+	res := &jetfleet.PreviewResponse{Zone: c.loc.String(), Times: []time.Time{}}
 	t := from.Unix() - 1
 	if from.Nanosecond() != 0 {
 		t = from.Unix()
@@ -703,7 +549,7 @@ func (s *Scheduler) forwarding(op string) func(context.Context, []byte) (any, er
 		if err != nil {
 			return nil, internal(err)
 		}
-		return nil, &errForwarded{msg: msg}
+		return nil, &protocol.Forwarded{Reply: msg}
 	}
 }
 
@@ -727,15 +573,15 @@ func (s *Scheduler) handleLeaderRequest(msg *nats.Msg) {
 
 func (s *Scheduler) leaderOp(ctx context.Context, op string, data []byte) (any, error) {
 	switch op {
-	case EndpointTrigger:
-		var req IDRequest
-		if err := decodeJSON(data, &req); err != nil {
+	case opTrigger:
+		var req jetfleet.ScheduleIDRequest
+		if err := protocol.DecodeRequest(data, &req); err != nil {
 			return nil, err
 		}
 		return s.onEngine(ctx, func(e *engine) (any, error) { return e.trigger(req.ID) })
-	case EndpointBackfill:
-		var req BackfillRequest
-		if err := decodeJSON(data, &req); err != nil {
+	case opBackfill:
+		var req jetfleet.BackfillRequest
+		if err := protocol.DecodeRequest(data, &req); err != nil {
 			return nil, err
 		}
 		return s.onEngine(ctx, func(e *engine) (any, error) { return e.backfill(&req) })
@@ -766,7 +612,7 @@ func (s *Scheduler) onEngine(ctx context.Context, op func(*engine) (any, error))
 	}
 }
 
-func (e *engine) trigger(id string) (*TriggerResponse, error) {
+func (e *engine) trigger(id string) (*jetfleet.TriggerResponse, error) {
 	if !e.leading() {
 		return nil, errNotLeader
 	}
@@ -778,7 +624,7 @@ func (e *engine) trigger(id string) (*TriggerResponse, error) {
 	f := &fireReq{nominal: now.Unix(), planned: now.UnixNano(), jobID: jobIDPrefix + id + ".manual." + nuid.Next(), source: sourceTrigger}
 	e.decide(en, e.work(en), f)
 	e.flush()
-	res := &TriggerResponse{JobID: f.jobID, NominalTime: time.Unix(f.nominal, 0).In(en.c.loc), Outcome: f.outcome, Reason: f.reason}
+	res := &jetfleet.TriggerResponse{JobID: f.jobID, NominalTime: time.Unix(f.nominal, 0).In(en.c.loc), Outcome: f.outcome, Reason: f.reason}
 	if f.err != nil {
 		return nil, internal(f.err)
 	}
@@ -788,7 +634,7 @@ func (e *engine) trigger(id string) (*TriggerResponse, error) {
 	return res, nil
 }
 
-func (e *engine) backfill(req *BackfillRequest) (*BackfillResponse, error) {
+func (e *engine) backfill(req *jetfleet.BackfillRequest) (*jetfleet.BackfillResponse, error) {
 	if !e.leading() {
 		return nil, errNotLeader
 	}
@@ -817,7 +663,7 @@ func (e *engine) backfill(req *BackfillRequest) (*BackfillResponse, error) {
 	if req.Max > 0 {
 		limit = min(limit, req.Max)
 	}
-	res := &BackfillResponse{}
+	res := &jetfleet.BackfillResponse{}
 	var fires []*fireReq
 	t := req.From.Unix() - 1
 	if req.From.Nanosecond() != 0 {

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/jetfleet/jetfleet/pkg/clock"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/natsconn"
 	"github.com/jetfleet/jetfleet/pkg/natstest"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
@@ -77,7 +78,7 @@ type fleet struct {
 	topo   topology.Config
 	nc     *nats.Conn
 	js     jetstream.JetStream
-	client *scheduler.Client
+	client *jetfleet.Client
 }
 
 func newFleet(t *testing.T, topo topology.Config) *fleet {
@@ -89,7 +90,7 @@ func newFleet(t *testing.T, topo topology.Config) *fleet {
 func newFleetURL(t *testing.T, url string, topo topology.Config) *fleet {
 	t.Helper()
 	env := newEnv(t, url, topo)
-	return &fleet{t: t, url: url, topo: topo, nc: env.Conn, js: env.JetStream, client: scheduler.NewClient(env.Conn)}
+	return &fleet{t: t, url: url, topo: topo, nc: env.Conn, js: env.JetStream, client: jetfleet.NewClient(env.Conn)}
 }
 
 // replica is one scheduler replica with its own connection.
@@ -296,7 +297,7 @@ func nominalTimes(evs []*jetfleetpb.ScheduleEvent) []time.Time {
 }
 
 // interval is a schedule firing every d on queue q, kind k.
-func interval(id string, d time.Duration, kind string) *scheduler.Schedule {
-	return &scheduler.Schedule{ID: id, Spec: scheduler.Spec{Interval: &scheduler.Interval{Every: scheduler.Duration(d)}},
-		Target: scheduler.Target{Queue: "default", Kind: kind}}
+func interval(id string, d time.Duration, kind string) *jetfleet.Schedule {
+	return &jetfleet.Schedule{ID: id, Spec: jetfleet.Spec{Interval: &jetfleet.Interval{Every: jetfleet.Duration(d)}},
+		Target: jetfleet.Target{Queue: "default", Kind: kind}}
 }

@@ -13,16 +13,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 	"github.com/jetfleet/jetfleet/pkg/telemetry"
-)
-
-// Agent states as the supervisor sees them.
-const (
-	AgentAlive    = "alive"
-	AgentDraining = "draining"
-	AgentDead     = "dead"
 )
 
 // agentView is what the supervisor knows of one agent process: one
@@ -598,19 +592,19 @@ func (t *tracker) caughtUp(ctx context.Context) bool {
 }
 
 // snapshot returns the agents, sorted by id.
-func (t *tracker) snapshot(now time.Time) []AgentInfo {
+func (t *tracker) snapshot(now time.Time) []jetfleet.AgentInfo {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make([]AgentInfo, 0, len(t.agents))
+	out := make([]jetfleet.AgentInfo, 0, len(t.agents))
 	for id, a := range t.agents {
-		state := AgentAlive
+		state := jetfleet.AgentAlive
 		switch {
 		case a.dead:
-			state = AgentDead
+			state = jetfleet.AgentDead
 		case a.hb.GetDraining():
-			state = AgentDraining
+			state = jetfleet.AgentDraining
 		}
-		info := AgentInfo{ID: id, State: state, Hostname: a.hb.GetHostname(), PID: a.hb.GetPid(), Version: a.hb.GetVersion(),
+		info := jetfleet.AgentInfo{ID: id, State: state, Hostname: a.hb.GetHostname(), PID: a.hb.GetPid(), Version: a.hb.GetVersion(),
 			Queues: slices.Clone(a.hb.GetQueues()), Kinds: slices.Clone(a.hb.GetKinds()), Capacity: int(a.hb.GetCapacity()),
 			Jobs: len(a.hb.GetJobs()), Interval: interval(a.hb), LastSeen: a.lastSeen, SilentFor: now.Sub(a.lastSeen),
 			StartedAt: a.hb.GetStartedAt().AsTime()}
@@ -624,10 +618,10 @@ func (t *tracker) snapshot(now time.Time) []AgentInfo {
 }
 
 // running returns the jobs live agents hold, with their state.
-func (t *tracker) running(now time.Time) []RunningJob {
+func (t *tracker) running(now time.Time) []jetfleet.RunningJob {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var out []RunningJob
+	var out []jetfleet.RunningJob
 	for id, a := range t.agents {
 		if a.dead {
 			continue
@@ -688,8 +682,8 @@ func (t *tracker) heldSequences() map[uint64]bool {
 	return out
 }
 
-func runningJob(agent string, j *jetfleetpb.InFlightJob, state string) RunningJob {
-	r := RunningJob{AgentID: agent, JobID: j.GetJobId(), Queue: j.GetQueue(), Kind: j.GetKind(), Attempt: j.GetAttempt(),
+func runningJob(agent string, j *jetfleetpb.InFlightJob, state string) jetfleet.RunningJob {
+	r := jetfleet.RunningJob{AgentID: agent, JobID: j.GetJobId(), Queue: j.GetQueue(), Kind: j.GetKind(), Attempt: j.GetAttempt(),
 		Delivered: j.GetDelivered(), StreamSequence: j.GetStreamSequence(), State: state}
 	if j.GetStartedAt() != nil {
 		r.StartedAt = j.GetStartedAt().AsTime()

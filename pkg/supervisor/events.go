@@ -11,7 +11,6 @@ import (
 
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
-	"github.com/jetfleet/jetfleet/pkg/scheduler"
 	"github.com/jetfleet/jetfleet/pkg/telemetry"
 )
 
@@ -250,7 +249,7 @@ func (s *Supervisor) pauseSchedule(ctx context.Context, ev *jetfleetpb.JobEvent,
 	note := fmt.Sprintf("auto-paused by the supervisor after %d failed runs in a row (last: job %s, %s)", failures, ev.GetJobId(), ev.GetReason())
 	rctx, cancel := s.requestCtx(ctx)
 	defer cancel()
-	_, err := scheduler.NewClient(s.nc).Pause(rctx, id, note)
+	_, err := s.client.PauseSchedule(rctx, id, note)
 	if err != nil {
 		s.log.Error("cannot auto-pause a failing schedule", telemetry.LogScheduleID, id, telemetry.LogError, err)
 	} else {

@@ -17,6 +17,7 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/agent"
 	"github.com/jetfleet/jetfleet/pkg/clock"
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/natstest"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
@@ -45,7 +46,7 @@ type fixture struct {
 	nc       *nats.Conn
 	js       jetstream.JetStream
 	events   *fleettest.Events
-	client   *supervisor.Client
+	client   *jetfleet.Client
 	// logs records what the supervisors and agents log.
 	logs *fleettest.Logs
 }
@@ -58,7 +59,7 @@ func setup(t *testing.T, topo topology.Config) *fixture {
 	stopping := &sync.WaitGroup{}
 	t.Cleanup(stopping.Wait) // runs after every agent's own cleanup
 	return &fixture{stopping: stopping, srv: srv, topo: topo, nc: nc, js: js, events: fleettest.WatchJobEvents(t, nc),
-		client: supervisor.NewClient(nc), logs: fleettest.NewLogs()}
+		client: jetfleet.NewClient(nc), logs: fleettest.NewLogs()}
 }
 
 // startSupervisor starts a replica on its own connection; it is stopped at

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 	"github.com/jetfleet/jetfleet/pkg/telemetry"
@@ -30,7 +31,7 @@ func (t *tracker) checkJobs(ctx context.Context, now time.Time, leader bool) {
 		job   *jetfleetpb.InFlightJob
 	}
 	var jobs []held
-	var overdueJobs []RunningJob
+	var overdueJobs []jetfleet.RunningJob
 	t.mu.Lock()
 	listed := map[deliveryKey]bool{}
 	for id, a := range t.agents {
@@ -64,7 +65,7 @@ func (t *tracker) checkJobs(ctx context.Context, now time.Time, leader bool) {
 			delete(t.reported, k)
 		}
 	}
-	var report []RunningJob
+	var report []jetfleet.RunningJob
 	for _, r := range overdueJobs {
 		k := deliveryKey{r.StreamSequence, r.Delivered}
 		if !t.reported[k] {

@@ -10,69 +10,20 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/telemetry"
 	"github.com/jetfleet/jetfleet/pkg/topology"
 )
 
 // Queues: the supervisor creates the consumers of the queues declared
-// under topology.queues when it starts, serves the queue API (ls, add, rm
-// on QueuesAPISubject) and, leading, dead-letters the jobs no queue
+// under topology.queues when it starts, serves the queue API
+// (protocol.APIQueue*) and, leading, dead-letters the jobs no queue
 // consumer would ever deliver (sweepUnroutable).
-
-// QueuesAPISubject is the root of the queue API: QueuesAPISubject + ".ls",
-// ".add", ".rm".
-const QueuesAPISubject = "jetfleet.api.queues"
-
-// Endpoints of the queue API.
-const (
-	EndpointQueueList   = "ls"
-	EndpointQueueAdd    = "add"
-	EndpointQueueRemove = "rm"
-)
-
-// QueuesResponse lists the queues (their consumers) and the jobs on
-// subjects no queue serves.
-type QueuesResponse struct {
-	Queues []QueueStatus `json:"queues"`
-	// Unroutable counts, by subject, the jobs in JOBS no consumer delivers;
-	// the leader dead-letters them after supervisor.unroutable_after.
-	Unroutable map[string]uint64 `json:"unroutable,omitempty"`
-}
-
-// QueueAddRequest creates a queue's consumer. Zero settings take the
-// defaults (topology.queues settings apply to declared queues only).
-type QueueAddRequest struct {
-	Queue         string        `json:"queue"`
-	AckWait       time.Duration `json:"ack_wait,omitempty"`
-	MaxDeliver    int           `json:"max_deliver,omitempty"`
-	MaxAckPending int           `json:"max_ack_pending,omitempty"`
-}
-
-// QueueAddResponse is the queue after the request; Created is false when it
-// existed already with these settings.
-type QueueAddResponse struct {
-	Queue   QueueStatus `json:"queue"`
-	Created bool        `json:"created"`
-}
-
-// QueueRemoveRequest deletes a queue's consumer. A queue that still holds
-// jobs is refused unless Force: its jobs are then dead-lettered with reason
-// unroutable.
-type QueueRemoveRequest struct {
-	Queue string `json:"queue"`
-	Force bool   `json:"force,omitempty"`
-}
-
-// QueueRemoveResponse says how many jobs the removed queue still held.
-type QueueRemoveResponse struct {
-	Queue string `json:"queue"`
-	Jobs  uint64 `json:"jobs"`
-}
 
 func (s *Supervisor) apiQueues(ctx context.Context, data []byte) (any, error) {
 	var req struct{}
-	if err := decodeJSON(data, &req); err != nil {
+	if err := protocol.DecodeRequest(data, &req); err != nil {
 		return nil, err
 	}
 	queues, err := s.queueStatuses(ctx)
@@ -83,12 +34,12 @@ func (s *Supervisor) apiQueues(ctx context.Context, data []byte) (any, error) {
 	if err != nil {
 		return nil, internal(err)
 	}
-	return &QueuesResponse{Queues: queues, Unroutable: unroutable}, nil
+	return &jetfleet.QueuesResponse{Queues: queues, Unroutable: unroutable}, nil
 }
 
 func (s *Supervisor) apiQueueAdd(ctx context.Context, data []byte) (any, error) {
-	var req QueueAddRequest
-	if err := decodeJSON(data, &req); err != nil {
+	var req jetfleet.QueueAddRequest
+	if err := protocol.DecodeRequest(data, &req); err != nil {
 		return nil, err
 	}
 	if err := protocol.ValidateToken("queue", req.Queue); err != nil {
@@ -137,12 +88,12 @@ func (s *Supervisor) apiQueueAdd(ctx context.Context, data []byte) (any, error) 
 	if created {
 		s.log.Info("queue created", telemetry.LogQueue, req.Queue, "ack_wait", st.AckWait.String(), "max_deliver", st.MaxDeliver)
 	}
-	return &QueueAddResponse{Queue: *st, Created: created}, nil
+	return &jetfleet.QueueAddResponse{Queue: *st, Created: created}, nil
 }
 
 func (s *Supervisor) apiQueueRemove(ctx context.Context, data []byte) (any, error) {
-	var req QueueRemoveRequest
-	if err := decodeJSON(data, &req); err != nil {
+	var req jetfleet.QueueRemoveRequest
+	if err := protocol.DecodeRequest(data, &req); err != nil {
 		return nil, err
 	}
 	if err := protocol.ValidateToken("queue", req.Queue); err != nil {
@@ -166,12 +117,12 @@ func (s *Supervisor) apiQueueRemove(ctx context.Context, data []byte) (any, erro
 		return nil, internal(err)
 	}
 	s.log.Warn("queue removed", telemetry.LogQueue, req.Queue, "jobs", jobs)
-	return &QueueRemoveResponse{Queue: req.Queue, Jobs: jobs}, nil
+	return &jetfleet.QueueRemoveResponse{Queue: req.Queue, Jobs: jobs}, nil
 }
 
 // queueStatuses lists every queue consumer of JOBS, sorted by queue.
-func (s *Supervisor) queueStatuses(ctx context.Context) ([]QueueStatus, error) {
-	out := []QueueStatus{}
+func (s *Supervisor) queueStatuses(ctx context.Context) ([]jetfleet.QueueStatus, error) {
+	out := []jetfleet.QueueStatus{}
 	lister := s.jobs.ListConsumers(ctx)
 	for ci := range lister.Info() {
 		if qs, ok := s.statusOf(ctx, ci); ok {
@@ -186,7 +137,7 @@ func (s *Supervisor) queueStatuses(ctx context.Context) ([]QueueStatus, error) {
 }
 
 // queueStatus is one queue's status; not_found when it has no consumer.
-func (s *Supervisor) queueStatus(ctx context.Context, queue string) (*QueueStatus, error) {
+func (s *Supervisor) queueStatus(ctx context.Context, queue string) (*jetfleet.QueueStatus, error) {
 	cons, err := s.jobs.Consumer(ctx, protocol.QueueConsumer(queue))
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil, protocol.Errorf(protocol.CodeNotFound, "queue %s does not exist", queue).WithField("queue")
@@ -198,12 +149,12 @@ func (s *Supervisor) queueStatus(ctx context.Context, queue string) (*QueueStatu
 	return &qs, nil
 }
 
-func (s *Supervisor) statusOf(ctx context.Context, ci *jetstream.ConsumerInfo) (QueueStatus, bool) {
+func (s *Supervisor) statusOf(ctx context.Context, ci *jetstream.ConsumerInfo) (jetfleet.QueueStatus, bool) {
 	queue, ok := strings.CutPrefix(ci.Name, protocol.QueueConsumer(""))
 	if !ok {
-		return QueueStatus{}, false
+		return jetfleet.QueueStatus{}, false
 	}
-	qs := QueueStatus{Queue: queue, Pending: ci.NumPending, AckPending: ci.NumAckPending, Redelivered: ci.NumRedelivered,
+	qs := jetfleet.QueueStatus{Queue: queue, Pending: ci.NumPending, AckPending: ci.NumAckPending, Redelivered: ci.NumRedelivered,
 		Waiting: ci.NumWaiting, AckWait: ci.Config.AckWait, MaxDeliver: ci.Config.MaxDeliver, Paused: ci.Paused, Breaker: "closed",
 		Declared: s.topo.Declared(queue)}
 	if ci.Paused && ci.Config.PauseUntil != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jetfleet/jetfleet/pkg/agent"
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/supervisor"
 	"github.com/jetfleet/jetfleet/pkg/topology"
@@ -85,11 +86,11 @@ func TestQueueAddListRemove(t *testing.T) {
 	assert.True(t, list.Queues[0].Declared)
 	assert.Equal(t, 2*time.Minute, list.Queues[0].AckWait)
 
-	added, err := f.client.AddQueue(ctx, supervisor.QueueAddRequest{Queue: "reports", AckWait: 5 * time.Minute, MaxDeliver: 7})
+	added, err := f.client.AddQueue(ctx, jetfleet.QueueAddRequest{Queue: "reports", AckWait: 5 * time.Minute, MaxDeliver: 7})
 	require.NoError(t, err)
 	assert.True(t, added.Created)
 	assert.Equal(t, 5*time.Minute, added.Queue.AckWait)
-	again, err := f.client.AddQueue(ctx, supervisor.QueueAddRequest{Queue: "reports"})
+	again, err := f.client.AddQueue(ctx, jetfleet.QueueAddRequest{Queue: "reports"})
 	require.NoError(t, err)
 	assert.False(t, again.Created)
 	assert.Equal(t, 5*time.Minute, again.Queue.AckWait, "an add without settings keeps the queue's")
@@ -108,18 +109,18 @@ func TestQueueAddListRemove(t *testing.T) {
 	assert.Equal(t, 5*time.Minute, list.Queues[1].AckWait)
 	assert.Equal(t, 7, list.Queues[1].MaxDeliver)
 
-	_, err = f.client.RemoveQueue(ctx, supervisor.QueueRemoveRequest{Queue: "reports"})
+	_, err = f.client.RemoveQueue(ctx, jetfleet.QueueRemoveRequest{Queue: "reports"})
 	require.ErrorIs(t, err, protocol.Code(protocol.CodeConflict), "a queue holding jobs is not removed")
-	_, err = f.client.RemoveQueue(ctx, supervisor.QueueRemoveRequest{Queue: "declared"})
+	_, err = f.client.RemoveQueue(ctx, jetfleet.QueueRemoveRequest{Queue: "declared"})
 	require.ErrorIs(t, err, protocol.Code(protocol.CodeConflict), "a declared queue is not removed")
-	_, err = f.client.RemoveQueue(ctx, supervisor.QueueRemoveRequest{Queue: "nothing"})
+	_, err = f.client.RemoveQueue(ctx, jetfleet.QueueRemoveRequest{Queue: "nothing"})
 	require.ErrorIs(t, err, protocol.Code(protocol.CodeNotFound))
-	_, err = f.client.AddQueue(ctx, supervisor.QueueAddRequest{Queue: "bad queue"})
+	_, err = f.client.AddQueue(ctx, jetfleet.QueueAddRequest{Queue: "bad queue"})
 	var pe *protocol.Error
 	require.True(t, errors.As(err, &pe), "%v", err)
 	assert.Equal(t, "queue", pe.Field)
 
-	removed, err := f.client.RemoveQueue(ctx, supervisor.QueueRemoveRequest{Queue: "reports", Force: true})
+	removed, err := f.client.RemoveQueue(ctx, jetfleet.QueueRemoveRequest{Queue: "reports", Force: true})
 	require.NoError(t, err)
 	assert.Equal(t, uint64(2), removed.Jobs)
 	// r-2 waited in the queue: now no consumer serves it.

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/jetfleet/jetfleet/pkg/clock"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/lease"
 	"github.com/jetfleet/jetfleet/pkg/lifecycle"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
@@ -42,6 +43,8 @@ type Supervisor struct {
 	jobs, dlq, events, store jetstream.Stream
 	agentsKV, leases         jetstream.KeyValue
 
+	// client calls the scheduler's API (pausing a failing schedule).
+	client  *jetfleet.Client
 	metrics *metrics
 	tracker *tracker
 	alerter *alerter
@@ -94,6 +97,7 @@ func New(cfg Config, env *service.Env, clk clock.Clock) (*Supervisor, error) {
 		return nil, err
 	}
 	s.js = js
+	s.client = jetfleet.NewClient(env.Conn)
 	if env.Telemetry != nil {
 		s.metrics, err = newMetrics(env.Telemetry.MeterProvider)
 	} else {

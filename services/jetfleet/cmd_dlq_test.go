@@ -17,6 +17,7 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/agent"
 	"github.com/jetfleet/jetfleet/pkg/clock"
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/natstest"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/supervisor"
@@ -74,7 +75,7 @@ func TestSupervisorCommands(t *testing.T) {
 		if err != nil {
 			return false
 		}
-		var letters []supervisor.DeadLetterEntry
+		var letters []jetfleet.DeadLetterEntry
 		if json.Unmarshal([]byte(out), &letters) != nil || len(letters) != 1 {
 			return false
 		}

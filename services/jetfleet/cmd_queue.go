@@ -8,7 +8,7 @@ import (
 	"sort"
 	"text/tabwriter"
 
-	"github.com/jetfleet/jetfleet/pkg/supervisor"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 )
 
 func init() {
@@ -36,7 +36,7 @@ func runQueueList(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args [
 		fs.Usage()
 		return errUsage
 	}
-	return withSupervisor(ctx, cf, func(ctx context.Context, api *supervisor.Client) error {
+	return withSupervisor(ctx, cf, func(ctx context.Context, api *jetfleet.Client) error {
 		res, err := api.Queues(ctx)
 		if err != nil {
 			return err
@@ -70,7 +70,7 @@ func runQueueList(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args [
 }
 
 func runQueueAdd(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
-	var req supervisor.QueueAddRequest
+	var req jetfleet.QueueAddRequest
 	fs.DurationVar(&req.AckWait, "ack-wait", 0, "how long a delivered job may go without an ack or progress (default 30s)")
 	fs.IntVar(&req.MaxDeliver, "max-deliver", 0, "deliveries of one job before the supervisor dead-letters it (default 20)")
 	fs.IntVar(&req.MaxAckPending, "max-ack-pending", 0, "jobs in flight on the queue across the fleet (default 10000)")
@@ -83,7 +83,7 @@ func runQueueAdd(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []
 		return fmt.Errorf("queue add needs the <queue> name")
 	}
 	req.Queue = fs.Arg(0)
-	return withSupervisor(ctx, cf, func(ctx context.Context, api *supervisor.Client) error {
+	return withSupervisor(ctx, cf, func(ctx context.Context, api *jetfleet.Client) error {
 		res, err := api.AddQueue(ctx, req)
 		if err != nil {
 			return err
@@ -101,7 +101,7 @@ func runQueueAdd(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []
 }
 
 func runQueueRemove(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
-	var req supervisor.QueueRemoveRequest
+	var req jetfleet.QueueRemoveRequest
 	fs.BoolVar(&req.Force, "force", false, "remove a queue that still holds jobs (they are dead-lettered as unroutable)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -111,7 +111,7 @@ func runQueueRemove(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args
 		return fmt.Errorf("queue rm needs the <queue> name")
 	}
 	req.Queue = fs.Arg(0)
-	return withSupervisor(ctx, cf, func(ctx context.Context, api *supervisor.Client) error {
+	return withSupervisor(ctx, cf, func(ctx context.Context, api *jetfleet.Client) error {
 		res, err := api.RemoveQueue(ctx, req)
 		if err != nil {
 			return err
@@ -126,7 +126,7 @@ func runQueueRemove(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args
 }
 
 // withSupervisor connects, runs fn with a bounded context, and closes.
-func withSupervisor(ctx context.Context, cf *clientFlags, fn func(ctx context.Context, api *supervisor.Client) error) error {
+func withSupervisor(ctx context.Context, cf *clientFlags, fn func(ctx context.Context, api *jetfleet.Client) error) error {
 	c, api, err := connectSupervisor(cf)
 	if err != nil {
 		return err
