@@ -95,25 +95,64 @@ type queueState struct {
 	ackWait time.Duration // of the queue's consumer
 }
 
-// New returns an agent using env's connection, logger and telemetry.
-func New(cfg Config, env *service.Env) (*Agent, error) {
+// Option configures an Agent beyond its Config.
+type Option func(*Agent)
+
+// WithLogger logs through l (default: nothing is logged).
+func WithLogger(l *slog.Logger) Option { return func(a *Agent) { a.logger = l } }
+
+// WithTracerProvider makes the agent's spans (agent.execute <kind>) with tp
+// (default: no spans).
+func WithTracerProvider(tp trace.TracerProvider) Option { return func(a *Agent) { a.tracer = tp } }
+
+// WithMeterProvider records the agent's metrics with mp (default: none).
+func WithMeterProvider(mp metric.MeterProvider) Option { return func(a *Agent) { a.meter = mp } }
+
+// WithTopology gives the agent the fleet's JetStream settings: the consumer
+// settings of the queues declared under topology.queues, which an agent
+// creates when they are missing. Default: every queue's defaults.
+func WithTopology(t topology.Config) Option { return func(a *Agent) { a.topology = t } }
+
+// WithEnv takes the logger, telemetry and topology of a service's
+// environment (the agent service, the dev fleet, tests).
+func WithEnv(env *service.Env) Option {
+	return func(a *Agent) {
+		if env.Logger != nil {
+			a.logger = env.Logger
+		}
+		if env.Base != nil {
+			a.topology = env.Base.Topology
+		}
+		if env.Telemetry != nil {
+			a.tracer, a.meter = env.Telemetry.TracerProvider, env.Telemetry.MeterProvider
+		}
+	}
+}
+
+// New returns an agent that pulls and runs jobs on nc (which the caller
+// keeps owning). Register handlers (AddHandler, Register), then Start.
+func New(nc *nats.Conn, cfg Config, opts ...Option) (*Agent, error) {
+	if nc == nil {
+		return nil, errors.New("agent: a NATS connection is required")
+	}
 	if err := cfg.Validate("agent"); err != nil {
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
 	a := &Agent{
-		cfg: cfg, nc: env.Conn, js: env.JetStream, logger: env.Logger.With(telemetry.LogComponent, "agent", telemetry.LogAgentID, cfg.ID),
+		cfg: cfg, nc: nc, js: js, logger: slog.New(slog.DiscardHandler),
 		kinds: map[string]*kind{}, inflight: map[string]*execution{}, awaiting: map[*execution]struct{}{},
 		tracer: nooptrace.NewTracerProvider(), meter: noopmetric.NewMeterProvider(),
 	}
-	if env.Base != nil {
-		a.topology = env.Base.Topology
+	for _, o := range opts {
+		o(a)
 	}
-	if env.Telemetry != nil {
-		a.tracer, a.meter = env.Telemetry.TracerProvider, env.Telemetry.MeterProvider
-	}
+	a.logger = a.logger.With(telemetry.LogComponent, "agent", telemetry.LogAgentID, cfg.ID)
 	a.execute = Chain(a.run, Tracing(a.tracer), Logging(a.logger), Metrics(a.meter))
-	var err error
 	if a.noSlot, err = a.meter.Meter(TracerName).Int64Counter("jetfleet.agent.deliveries.without_slot",
 		metric.WithDescription("Deliveries that arrived for no free slot (a pull request counted lost answered after all) and were handed back at once")); err != nil {
 		return nil, fmt.Errorf("agent: metric: %w", err)

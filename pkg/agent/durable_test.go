@@ -37,7 +37,7 @@ func TestSlowServerNoAckWithoutOutcomeNoStorm(t *testing.T) {
 	start := func(id string) *agent.Agent {
 		env := fleettest.NewEnv(t, srv, topo)
 		env.Logger = logs.Wrap(env.Logger)
-		a, err := agent.New(agent.Config{ID: id, Concurrency: 50, MaxUnconfirmed: 100}, env.Env)
+		a, err := agent.New(env.Env.Conn, agent.Config{ID: id, Concurrency: 50, MaxUnconfirmed: 100}, agent.WithEnv(env.Env))
 		require.NoError(t, err)
 		must(t, a.Register("noop", func(context.Context, *agent.Job) error { return nil }, agent.KindOptions{}))
 		require.NoError(t, a.Start(fleettest.Ctx(t, 10*time.Second)))
@@ -142,7 +142,7 @@ func TestJobIsNotAckedWhileItsOutcomeCannotBeStored(t *testing.T) {
 	_, err = f.js.UpdateStream(ctx, full)
 	require.NoError(t, err)
 
-	a, err := agent.New(agent.Config{ID: "refused"}, env.Env)
+	a, err := agent.New(env.Env.Conn, agent.Config{ID: "refused"}, agent.WithEnv(env.Env))
 	require.NoError(t, err)
 	var runs atomic.Int32
 	must(t, a.Register("noop", func(context.Context, *agent.Job) error { runs.Add(1); return nil }, agent.KindOptions{}))

@@ -238,7 +238,9 @@ func (a *Agent) run(ctx context.Context, job *Job) error {
 	// attempts: the job's events about this message tell.
 	var past history
 	if job.Delivered > 1 {
-		past = a.history(ctx, job, ex.seq)
+		// Not ctx: a job handed back before it starts (its context already
+		// ended) still needs its snoozes, to count one more.
+		past = a.history(context.WithoutCancel(ctx), job, ex.seq)
 	}
 	ex.snoozes = past.snoozes
 	switch {
@@ -323,6 +325,10 @@ func (a *Agent) run(ctx context.Context, job *Job) error {
 	var err error
 	if ctx.Err() == nil {
 		err = k.handler(ctx, job)
+	} else {
+		// Cancelled, timed out or handed back before the handler started
+		// (while waiting for the kind's slot): it did not succeed.
+		err = context.Cause(ctx)
 	}
 	if !a.backedUp() {
 		a.freeSlot(ex) // the work is done; the next job may come while this one settles

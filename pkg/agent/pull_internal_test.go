@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
 	"github.com/jetfleet/jetfleet/pkg/natstest"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 	"github.com/jetfleet/jetfleet/pkg/topology"
 )
 
@@ -27,7 +29,7 @@ func TestDeliveryWithoutSlotIsHandedBack(t *testing.T) {
 	env := fleettest.NewEnv(t, srv, topology.Config{})
 	nc, js := natstest.JetStream(t, srv)
 	events := fleettest.WatchJobEvents(t, nc)
-	a, err := New(Config{ID: "one-slot", Concurrency: 1}, env.Env)
+	a, err := New(env.Env.Conn, Config{ID: "one-slot", Concurrency: 1}, WithEnv(env.Env))
 	require.NoError(t, err)
 	release := make(chan struct{})
 	var running, peak atomic.Int32
@@ -62,4 +64,42 @@ func TestDeliveryWithoutSlotIsHandedBack(t *testing.T) {
 	assert.Equal(t, uint32(1), second.GetAttempt())
 	events.WaitFor(t, 10*time.Second, "first", protocol.EventSucceeded)
 	assert.Equal(t, int32(1), peak.Load())
+}
+
+// TestHandBackWithoutSlotCountsEarlierSnoozes: a job handed back for want
+// of a slot twice reads what its first hand-back stored before it hands it
+// back again, so its snooze count goes up each time (no attempt spent).
+func TestHandBackWithoutSlotCountsEarlierSnoozes(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Server(t)
+	env := fleettest.NewEnv(t, srv, topology.Config{})
+	nc, js := natstest.JetStream(t, srv)
+	events := fleettest.WatchJobEvents(t, nc)
+	a, err := New(env.Conn, Config{ID: "busy", Concurrency: 1}, WithEnv(env.Env))
+	require.NoError(t, err)
+	release := make(chan struct{})
+	var running atomic.Int32
+	require.NoError(t, a.Register("hold", func(ctx context.Context, job *Job) error {
+		running.Add(1)
+		<-release
+		return nil
+	}, KindOptions{}))
+	require.NoError(t, a.Start(fleettest.Ctx(t, 10*time.Second)))
+	t.Cleanup(func() {
+		close(release)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		assert.NoError(t, a.Stop(ctx))
+	})
+	fleettest.Publish(t, js, protocol.Job{ID: "occupant", Queue: "default", Kind: "hold"})
+	require.Eventually(t, func() bool { return running.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
+	fleettest.Publish(t, js, protocol.Job{ID: "bounced", Queue: "default", Kind: "hold"})
+	p := a.pullers[0]
+	for i, want := range []uint32{1, 2} {
+		require.NoError(t, nc.PublishRequest(p.subject, fmt.Sprintf("%s.%d", p.inbox, 900000+i), []byte(`{"batch":1,"expires":1000000000}`)))
+		ev := events.Wait(t, 10*time.Second, func(ev *jetfleetpb.JobEvent) bool {
+			return ev.GetJobId() == "bounced" && ev.GetType() == protocol.EventReleased && ev.GetDelivered() == uint64(i+1)
+		})
+		assert.Equal(t, want, ev.GetSnoozes(), "hand-back %d", i+1)
+	}
 }

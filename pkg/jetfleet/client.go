@@ -2,10 +2,13 @@ package jetfleet
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 )
@@ -16,17 +19,34 @@ import (
 // the services return are *protocol.Error values: match them with errors.Is
 // against protocol.Code(protocol.CodeNotFound) and friends.
 type Client struct {
-	nc *nats.Conn
-	js jetstream.JetStream
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	tracer trace.Tracer
+	mu     sync.Mutex
 	// events is the EVENTS stream, looked up on first use.
 	events jetstream.Stream
 }
 
+// ClientOption configures a Client.
+type ClientOption func(*Client)
+
+// WithTracerProvider makes the client's producer spans (jetfleet.enqueue
+// <kind>) with tp instead of OpenTelemetry's global provider.
+func WithTracerProvider(tp trace.TracerProvider) ClientOption {
+	return func(c *Client) { c.tracer = tp.Tracer(tracerName) }
+}
+
+const tracerName = "github.com/jetfleet/jetfleet/pkg/jetfleet"
+
 // NewClient returns a client on nc, which the caller keeps owning (and
 // closes). Every call is bounded by its context.
-func NewClient(nc *nats.Conn) *Client {
+func NewClient(nc *nats.Conn, opts ...ClientOption) *Client {
 	js, _ := jetstream.New(nc) // fails only on options, and none are given
-	return &Client{nc: nc, js: js}
+	c := &Client{nc: nc, js: js, tracer: otel.GetTracerProvider().Tracer(tracerName)}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
 }
 
 // Conn is the client's NATS connection.

@@ -56,6 +56,9 @@ func (e *Error) Is(target error) bool {
 	return errors.As(target, &t) && t.Code == e.Code
 }
 
+// IsCode reports whether err carries code.
+func IsCode(err error, code string) bool { return errors.Is(err, Code(code)) }
+
 // Code returns a sentinel for errors.Is comparisons by code.
 func Code(code string) *Error { return &Error{Code: code} }
 

@@ -67,4 +67,8 @@ const (
 	// while attempts remain. The supervisor sends it for an attempt past its
 	// deadline and the grace.
 	CommandTimeout = "timeout"
+	// CommandPing is the action the supervisor probes an agent with before
+	// it declares it dead. Any reply, an error reply included, proves the
+	// agent alive; agents answer it as a known action.
+	CommandPing = "ping"
 )

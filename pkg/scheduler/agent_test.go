@@ -25,7 +25,8 @@ func TestWithTheAgentSDK(t *testing.T) {
 	events := watchScheduleEvents(t, f.nc)
 	jobs := watchJobEvents(t, f.nc)
 	g := newGates()
-	a, err := agent.New(agent.Config{ID: "agent-e2e", Queues: []string{"default"}}, newEnv(t, f.url, f.topo).Env)
+	env := newEnv(t, f.url, f.topo).Env
+	a, err := agent.New(env.Conn, agent.Config{ID: "agent-e2e", Queues: []string{"default"}}, agent.WithEnv(env))
 	require.NoError(t, err)
 	require.NoError(t, a.Register("work", func(ctx context.Context, job *agent.Job) error {
 		select {

@@ -33,11 +33,6 @@ func (s *Scheduler) TickAfterLosingLease(ctx context.Context, resume func()) err
 	})
 }
 
-// WaitLeading waits until the replica leads (or, with false, does not).
-func (s *Scheduler) WaitLeading(ctx context.Context, leading bool) error {
-	return s.leading.Wait(ctx, leading)
-}
-
 // WaitSynced waits until the replica's engine has applied everything the
 // definition and state buckets hold now.
 func (s *Scheduler) WaitSynced(ctx context.Context) error {

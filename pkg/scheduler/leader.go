@@ -142,8 +142,8 @@ func (s *Scheduler) syncMirrors(ctx context.Context) error {
 // consumeCompletions feeds the job events that end a run (succeeded,
 // skipped_duplicate, dead) of scheduled jobs to the engine until ctx ends.
 func (s *Scheduler) consumeCompletions(ctx context.Context, started chan<- error) {
-	filters := make([]string, len(runEndTypes))
-	for i, typ := range runEndTypes {
+	filters := make([]string, len(protocol.RunEndEvents))
+	for i, typ := range protocol.RunEndEvents {
 		filters[i] = protocol.JobEventsOfType("*", "*", typ)
 	}
 	cons, err := s.js.OrderedConsumer(ctx, protocol.StreamEvents, jetstream.OrderedConsumerConfig{

@@ -30,9 +30,6 @@ type run struct {
 	queue, kind string
 }
 
-// runEndTypes are the job events that end a run (docs/protocol.md §4).
-var runEndTypes = []string{protocol.EventSucceeded, protocol.EventSkippedDuplicate, protocol.EventDead}
-
 // Reasons of the skipped events about a run that fired but will not end.
 const (
 	// reasonRunLost: the run's job left JOBS and no event ended it within
@@ -249,7 +246,7 @@ func (s *Scheduler) inspectRun(ctx context.Context, r run) runStatus {
 // that ends a run, read on its own subject, when it is about r's message
 // (or either side does not know the message).
 func (s *Scheduler) runEnded(ctx context.Context, r run) (bool, error) {
-	for _, typ := range runEndTypes {
+	for _, typ := range protocol.RunEndEvents {
 		m, err := s.events.GetLastMsgForSubject(ctx, protocol.JobEventSubject(r.queue, r.kind, typ, r.jobID))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue

@@ -197,6 +197,12 @@ func (s *Scheduler) Ready(ctx context.Context) error {
 	return nil
 }
 
+// WaitLeading waits until the replica leads (or, with false, does not), or
+// ctx ends.
+func (s *Scheduler) WaitLeading(ctx context.Context, leading bool) error {
+	return s.leading.Wait(ctx, leading)
+}
+
 // IsLeader reports whether this replica holds the leader lease and is
 // firing: the lease alone is not enough until the replica has caught up
 // with the state its predecessor left.

@@ -128,7 +128,7 @@ func (f *fixture) startAgent(t *testing.T, url string, cfg agent.Config, registe
 	}
 	env := fleettest.NewEnvURL(t, url, f.topo)
 	env.Logger = f.logs.Wrap(env.Logger)
-	a, err := agent.New(cfg, env.Env)
+	a, err := agent.New(env.Env.Conn, cfg, agent.WithEnv(env.Env))
 	require.NoError(t, err)
 	register(a)
 	require.NoError(t, a.Start(fleettest.Ctx(t, 10*time.Second)))

@@ -30,22 +30,7 @@ func (s *Supervisor) latestEvent(ctx context.Context, queue, kind, jobID string)
 }
 
 func (s *Supervisor) latestEventSeq(ctx context.Context, queue, kind, jobID string) (*jetfleetpb.JobEvent, uint64, error) {
-	subject := protocol.JobEventsOfID(jobID)
-	if queue != "" && kind != "" {
-		subject = protocol.JobEventsOfJob(queue, kind, jobID)
-	}
-	m, err := s.events.GetLastMsgForSubject(ctx, subject)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, 0, nil
-	}
-	if err != nil {
-		return nil, 0, err
-	}
-	var ev jetfleetpb.JobEvent
-	if err := protocol.Unmarshal(m.Data, &ev); err != nil {
-		return nil, 0, err
-	}
-	return &ev, m.Sequence, nil
+	return protocol.LatestJobEvent(ctx, s.events, queue, kind, jobID)
 }
 
 // publishJobEvent stores a job event and waits for the server. msgID makes

@@ -265,6 +265,12 @@ func (s *Supervisor) Ready(context.Context) error {
 	return nil
 }
 
+// WaitLeading waits until the replica leads (or, with false, does not), or
+// ctx ends.
+func (s *Supervisor) WaitLeading(ctx context.Context, leading bool) error {
+	return s.leading.Wait(ctx, leading)
+}
+
 // IsLeader reports whether this replica holds the leader lease and acts.
 func (s *Supervisor) IsLeader() bool { return s.el != nil && s.el.IsLeader() && s.leading.Get() }
 

@@ -38,7 +38,7 @@ func TestSupervisorCommands(t *testing.T) {
 	t.Cleanup(func() { _ = sup.Stop(context.Background()) })
 
 	agentEnv := fleettest.NewEnv(t, srv, topology.Config{})
-	a, err := agent.New(agent.Config{ID: "cli-agent"}, agentEnv.Env)
+	a, err := agent.New(agentEnv.Env.Conn, agent.Config{ID: "cli-agent"}, agent.WithEnv(agentEnv.Env))
 	require.NoError(t, err)
 	var healthy atomic.Bool
 	require.NoError(t, a.Register("invoice", func(context.Context, *agent.Job) error {

@@ -32,7 +32,7 @@ type Service struct {
 
 // New builds the agent of cfg on env and registers its handlers.
 func New(cfg *ServiceConfig, env *service.Env) (*Service, error) {
-	a, err := agent.New(cfg.Agent, env)
+	a, err := agent.New(env.Conn, cfg.Agent, agent.WithEnv(env))
 	if err != nil {
 		return nil, err
 	}

@@ -98,7 +98,7 @@ func setup(t *testing.T, agentCfg agent.Config, kinds map[string]command.Config)
 		agentCfg.OutputTail = 64 << 10
 	}
 	agentCfg.StartedEventAfter = -1
-	a, err := agent.New(agentCfg, env.Env)
+	a, err := agent.New(env.Env.Conn, agentCfg, agent.WithEnv(env.Env))
 	require.NoError(t, err)
 	for kind, cfg := range kinds {
 		h, err := command.New(cfg)

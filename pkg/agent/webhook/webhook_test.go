@@ -106,7 +106,7 @@ func setup(t *testing.T, cfg webhook.Config) *fixture {
 	cfg.URL = web.URL + "/hooks/jobs"
 	h, err := webhook.New(cfg)
 	require.NoError(t, err)
-	a, err := agent.New(agent.Config{}, env.Env)
+	a, err := agent.New(env.Env.Conn, agent.Config{}, agent.WithEnv(env.Env))
 	require.NoError(t, err)
 	require.NoError(t, a.Register("hook", h.Run, agent.KindOptions{}))
 	require.NoError(t, a.Start(fleettest.Ctx(t, 10*time.Second)))
