@@ -23,9 +23,6 @@ import (
 // again, to the agents that do.
 const passOnDelay = 500 * time.Millisecond
 
-// invalidKind stands in for the kind of a message whose subject has none.
-const invalidKind = "_invalid"
-
 // execution is one delivery of a job on this agent.
 type execution struct {
 	agent    *Agent
@@ -113,7 +110,7 @@ func (a *Agent) process(q *queueState, msg *delivery, reserved bool) {
 		parsed.ID = protocol.FallbackJobID(meta.StreamSequence)
 	}
 	if parsed.Queue == "" {
-		parsed.Queue, parsed.Kind = q.name, invalidKind
+		parsed.Queue, parsed.Kind = q.name, protocol.InvalidToken
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
@@ -551,12 +548,10 @@ func (a *Agent) refuse(ctx context.Context, ex *execution, reason, code string, 
 func (a *Agent) deadLetter(ctx context.Context, ex *execution, v verdict, cause error, took time.Duration) {
 	job := &ex.job
 	output := job.output.String()
-	dl := &jetfleetpb.DeadLetter{
-		JobId: job.ID, Queue: job.Queue, Kind: job.Kind, Reason: v.reason, Attempts: uint32(max(job.Attempt, int(job.Delivered)-int(ex.snoozes))),
-		ErrorCode: v.code, OriginalSubject: ex.msg.Subject(), OriginalStream: protocol.StreamJobs, OriginalSequence: ex.seq,
-		Headers: protocol.HeadersDoc(job.Headers), Payload: job.Payload, FailedAt: timestamppb.Now(), AgentId: a.cfg.ID,
-		TraceId: job.TraceID, OutputTail: output,
-	}
+	dl := protocol.NewDeadLetter(protocol.Job{ID: job.ID, Queue: job.Queue, Kind: job.Kind}, ex.msg.Subject(), job.Headers,
+		job.Payload, ex.seq, time.Now())
+	dl.Reason, dl.Attempts, dl.ErrorCode = v.reason, uint32(max(job.Attempt, int(job.Delivered)-int(ex.snoozes))), v.code
+	dl.AgentId, dl.TraceId, dl.OutputTail = a.cfg.ID, job.TraceID, output
 	if cause != nil {
 		dl.LastError = protocol.TruncateError(cause.Error())
 	}

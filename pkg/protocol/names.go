@@ -122,6 +122,41 @@ func JobEventMsgID(eventType string, streamSeq, delivered uint64) string {
 	return eventType + ":" + StreamJobs + ":" + strconv.FormatUint(streamSeq, 10) + ":" + strconv.FormatUint(delivered, 10)
 }
 
+// EventSubject is a subject of EVENTS taken apart: a job event
+// (events.job.<queue>.<kind>.<type>.<job token>), a schedule event
+// (events.schedule.<schedule id>.<type>) or a queue event
+// (events.queue.<queue>.<type>).
+type EventSubject struct {
+	// Of is "job", "schedule" or "queue".
+	Of string
+	// Queue and Kind of a job event; Queue of a queue event.
+	Queue, Kind string
+	// ScheduleID of a schedule event.
+	ScheduleID string
+	// Type is the event's type.
+	Type string
+	// JobToken is the last token of a job event: JobToken of the job id.
+	JobToken string
+}
+
+// ParseEventSubject takes an EVENTS subject apart; ok is false for any
+// other subject (an agent's batch commit, a subject of the wrong shape).
+func ParseEventSubject(subject string) (ev EventSubject, ok bool) {
+	parts := strings.Split(subject, ".")
+	if len(parts) < 4 || parts[0] != "events" {
+		return ev, false
+	}
+	switch {
+	case parts[1] == "job" && len(parts) == 6:
+		return EventSubject{Of: "job", Queue: parts[2], Kind: parts[3], Type: parts[4], JobToken: parts[5]}, true
+	case parts[1] == "schedule" && len(parts) == 4:
+		return EventSubject{Of: "schedule", ScheduleID: parts[2], Type: parts[3]}, true
+	case parts[1] == "queue" && len(parts) == 4:
+		return EventSubject{Of: "queue", Queue: parts[2], Type: parts[3]}, true
+	}
+	return ev, false
+}
+
 // EventBatchCommitSubject is where an agent ends a fast batch of its job
 // events (JetStream's end-of-batch commit, which is not stored):
 // events.batch.<agent id>. Readers of job events never see it.

@@ -369,11 +369,11 @@ func (e *engine) onJobEvent(en *entry, w *schedState, m *streamMsg) {
 	if err := protocol.Unmarshal(m.data, &ev); err != nil {
 		return
 	}
-	parts := strings.Split(m.subject, ".") // events.job.<queue>.<kind>.<type>.<job token>
-	if len(parts) < 5 {
+	subject, ok := protocol.ParseEventSubject(m.subject)
+	if !ok || subject.Of != "job" {
 		return
 	}
-	queue, kind := parts[2], parts[3]
+	queue, kind := subject.Queue, subject.Kind
 	upSched := ev.GetScheduleId()
 	if upSched == "" {
 		upSched, _ = scheduleOfJob(ev.GetJobId())

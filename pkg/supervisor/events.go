@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -174,15 +173,15 @@ func (s *Supervisor) handleEvent(ctx context.Context, m jetstream.Msg) error {
 	if err != nil {
 		return nil
 	}
-	parts := strings.Split(m.Subject(), ".")
+	subject, _ := protocol.ParseEventSubject(m.Subject())
 	switch {
-	case len(parts) == 6 && parts[1] == "job":
+	case subject.Of == "job":
 		var ev jetfleetpb.JobEvent
 		if err := protocol.Unmarshal(m.Data(), &ev); err != nil {
 			return nil
 		}
 		return s.handleJobEvent(ctx, &ev, meta.Sequence.Stream)
-	case len(parts) == 4 && parts[1] == "schedule" && parts[3] == protocol.EventFired:
+	case subject.Of == "schedule" && subject.Type == protocol.EventFired:
 		var ev jetfleetpb.ScheduleEvent
 		if err := protocol.Unmarshal(m.Data(), &ev); err != nil {
 			return nil

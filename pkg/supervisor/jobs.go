@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -69,12 +68,8 @@ func (s *Supervisor) deadLetterSeq(ctx context.Context, seq uint64, reason strin
 		return false, fmt.Errorf("get JOBS %d: %w", seq, err)
 	}
 	job, _ := protocol.ParseJob(m.Subject, m.Header, m.Data)
-	if job.ID == "" {
-		job.ID = protocol.FallbackJobID(seq)
-	}
-	if job.Queue == "" {
-		job.Queue, job.Kind = subjectTokens(m.Subject)
-	}
+	dl := protocol.NewDeadLetter(job, m.Subject, m.Header, m.Data, seq, s.clk.Now())
+	job.ID, job.Queue, job.Kind = dl.GetJobId(), dl.GetQueue(), dl.GetKind()
 	prev, err := s.latestEvent(rctx, job.Queue, job.Kind, job.ID)
 	if err != nil {
 		return false, fmt.Errorf("latest event of %s: %w", job.ID, err)
@@ -82,12 +77,7 @@ func (s *Supervisor) deadLetterSeq(ctx context.Context, seq uint64, reason strin
 	if prev != nil && prev.GetStreamSequence() != seq {
 		prev = nil
 	}
-	dl := &jetfleetpb.DeadLetter{
-		JobId: job.ID, Queue: job.Queue, Kind: job.Kind, Reason: reason, Attempts: uint32(deliveries),
-		OriginalSubject: m.Subject, OriginalStream: protocol.StreamJobs, OriginalSequence: seq,
-		Headers: protocol.HeadersDoc(m.Header), Payload: m.Data, FailedAt: timestampNow(s.clk),
-		ErrorCode: protocol.CodeAgentLost,
-	}
+	dl.Reason, dl.Attempts, dl.ErrorCode = reason, uint32(deliveries), protocol.CodeAgentLost
 	if prev != nil {
 		dl.LastError, dl.TraceId, dl.OutputTail = prev.GetError(), prev.GetTraceId(), prev.GetOutputTail()
 		if prev.GetErrorCode() != "" {
@@ -151,18 +141,4 @@ func (s *Supervisor) deadLetterSeq(ctx context.Context, seq uint64, reason strin
 	s.log.Warn("dead-lettered a job", telemetry.LogJobID, job.ID, telemetry.LogQueue, job.Queue, telemetry.LogKind, job.Kind,
 		"reason", reason, "stream_sequence", seq, "deliveries", deliveries)
 	return true, nil
-}
-
-// subjectTokens returns a queue and kind usable in subjects for a job
-// message whose subject does not parse.
-func subjectTokens(subject string) (queue, kind string) {
-	parts := strings.Split(subject, ".")
-	queue, kind = "_invalid", "_invalid"
-	if len(parts) > 1 && protocol.ValidateToken("queue", parts[1]) == nil {
-		queue = parts[1]
-	}
-	if len(parts) == 3 && protocol.ValidateToken("kind", parts[2]) == nil {
-		kind = parts[2]
-	}
-	return queue, kind
 }

@@ -255,7 +255,7 @@ func (s *Supervisor) failAttempt(ctx context.Context, agent string, j *jetfleetp
 		if !t.current(k) {
 			return true
 		}
-		if err := s.nc.Publish(j.GetReplySubject(), []byte(protocol.NakBody)); err != nil {
+		if err := protocol.NakOnBehalf(s.nc, j.GetReplySubject()); err != nil {
 			log.Warn("NAK of a timed-out job not sent; retrying", telemetry.LogError, err)
 			return false
 		}

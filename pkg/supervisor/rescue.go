@@ -198,7 +198,7 @@ func (t *tracker) rescueJob(ctx context.Context, agent string, a *agentView, j *
 			"stream_sequence", j.GetStreamSequence(), "delivered", ack.Delivered)
 		return false
 	}
-	if err := s.nc.Publish(j.GetReplySubject(), []byte(protocol.NakBody)); err != nil {
+	if err := protocol.NakOnBehalf(s.nc, j.GetReplySubject()); err != nil {
 		t.setUnnaked(k, true)
 		log.Warn("NAK not sent; retrying the rescue", telemetry.LogError, err)
 		return false
