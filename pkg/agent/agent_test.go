@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/jetfleet/jetfleet/pkg/agent"
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
@@ -27,13 +26,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// The embedded server and the nats.go client keep background goroutines
-		// until their last references go; they are not ours.
-		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).syncBlocks"),
-		goleak.IgnoreAnyFunction("go.opencensus.io/stats/view.(*worker).start"),
-	)
+	natstest.VerifyNoLeaks(m)
 }
 
 type fixture struct {

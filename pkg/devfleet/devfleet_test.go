@@ -13,19 +13,17 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"go.uber.org/goleak"
 
 	"github.com/jetfleet/jetfleet/pkg/devfleet"
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
 	"github.com/jetfleet/jetfleet/pkg/jetfleet"
+	"github.com/jetfleet/jetfleet/pkg/natstest"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).syncBlocks"),
-	)
+	natstest.VerifyNoLeaks(m)
 }
 
 // startFleet runs a dev fleet on a free port with its data in dataDir.

@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
@@ -63,11 +62,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 }
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).syncBlocks"),
-		goleak.IgnoreAnyFunction("go.opencensus.io/stats/view.(*worker).start"),
-	)
+	natstest.VerifyNoLeaks(m)
 }
 
 // fleet is a JetStream server with the topology provisioned, a connection

@@ -19,7 +19,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/jetfleet/jetfleet/pkg/agent"
 	"github.com/jetfleet/jetfleet/pkg/agent/command"
@@ -54,10 +53,7 @@ func TestMain(m *testing.M) {
 			panic(err)
 		}
 	}
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).syncBlocks"),
-	)
+	natstest.VerifyNoLeaks(m)
 }
 
 // helperReport is what the helper program prints.
