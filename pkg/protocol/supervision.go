@@ -51,4 +51,3 @@ const (
 	// HeaderDeadLetter points at the failed job's dead letter: "DLQ:<sequence>".
 	HeaderDeadLetter = "Jetfleet-Dead-Letter"
 )
-

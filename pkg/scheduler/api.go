@@ -1,25 +1,18 @@
 package scheduler
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"sort"
-	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
-	"github.com/nats-io/nuid"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
-	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 	"github.com/jetfleet/jetfleet/pkg/telemetry"
 )
 
@@ -28,23 +21,14 @@ import (
 // $SRV.INFO). Requests and replies are JSON (pkg/jetfleet holds their
 // types); an error reply carries the micro error headers and an Error
 // document (code, message, retryable, field).
-const (
-	// ServiceVersion is the API's version in $SRV.INFO.
-	ServiceVersion = "0.2.0"
-
-	// leaderSubject receives trigger and backfill requests forwarded by
-	// replicas that do not lead; only the leader subscribes.
-	leaderSubject = "jetfleet.scheduler.leader"
-	// Operations forwarded on leaderSubject.<op>.
-	opTrigger  = "trigger"
-	opBackfill = "backfill"
-)
+// ServiceVersion is the API's version in $SRV.INFO.
+const ServiceVersion = "0.2.0"
 
 func (s *Scheduler) serveAPI() (micro.Service, error) {
 	svc, err := micro.AddService(s.nc, micro.Config{
 		Name: protocol.SchedulerService, Version: ServiceVersion,
 		Description: "jetfleet schedules: add, update, get, ls, rm, pause, resume, trigger, preview, backfill",
-		Metadata:    map[string]string{"holder": s.holder},
+		Metadata:    map[string]string{"holder": s.rep.Holder()},
 	})
 	if err != nil {
 		return nil, err
@@ -70,87 +54,6 @@ func internal(err error) error { return protocol.AsAPIError(err) }
 
 func notFound(id string) error {
 	return &protocol.Error{Code: protocol.CodeNotFound, Field: "id", Message: fmt.Sprintf("no schedule %q", id)}
-}
-
-// prepare validates a definition for storing at now: the static checks of
-// compile, then those that need the time or the server.
-func (s *Scheduler) prepare(ctx context.Context, def *jetfleet.Schedule, now time.Time, triggerChanged bool) error {
-	c, err := compile(def)
-	if err != nil {
-		return err
-	}
-	if triggerChanged {
-		def.EffectiveFrom = now.UTC()
-		if def.Spec.At != nil && !def.Spec.At.After(now) {
-			// A one-shot in the past fires at once (catch-up policy applies).
-			def.EffectiveFrom = def.Spec.At.Add(-time.Second).UTC()
-		}
-		if err := s.resolveStream(ctx, def); err != nil {
-			return err
-		}
-	}
-	if c.kind == kindTime {
-		field, _ := def.Spec.TriggerField()
-		if _, ok := c.nextNominal(max(now.Unix()-c.window, def.EffectiveFrom.Unix())); !ok {
-			if c.end != math.MaxInt64 {
-				field = "policy.end_at"
-			}
-			return protocol.FieldError(field, "leaves no time to fire at after %s", now.UTC().Format(time.RFC3339))
-		}
-		if def.Spec.At != nil && now.Unix()-def.Spec.At.Unix() > c.window {
-			return protocol.FieldError("spec.at", "is further in the past than the catch-up window")
-		}
-	}
-	if c.kind == kindEvent && c.overlap == overlapBufferOne || c.kind == kindDependency && c.overlap == overlapBufferOne {
-		return protocol.FieldError("policy.overlap", "buffer_one needs a time trigger (an event cannot wait in the state)")
-	}
-	return nil
-}
-
-// resolveStream finds the stream of an event trigger and the sequence
-// before which stream messages do not count.
-func (s *Scheduler) resolveStream(ctx context.Context, def *jetfleet.Schedule) error {
-	switch {
-	case def.Spec.Event != nil:
-		ev := def.Spec.Event
-		if ev.Stream == "" {
-			name, err := s.js.StreamNameBySubject(ctx, ev.Subject)
-			if errors.Is(err, jetstream.ErrStreamNotFound) {
-				return protocol.FieldError("spec.event.subject", "no stream captures %q: create one that does", ev.Subject)
-			}
-			if err != nil {
-				return internal(err)
-			}
-			ev.Stream = name
-		}
-		seq, err := s.lastSequence(ctx, ev.Stream)
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			return protocol.FieldError("spec.event.stream", "no stream %q", ev.Stream)
-		}
-		if err != nil {
-			return internal(err)
-		}
-		ev.StartSequence = seq
-	case def.Spec.After != nil:
-		seq, err := s.lastSequence(ctx, protocol.StreamEvents)
-		if err != nil {
-			return internal(err)
-		}
-		def.Spec.After.StartSequence = seq
-	}
-	return nil
-}
-
-func (s *Scheduler) lastSequence(ctx context.Context, stream string) (uint64, error) {
-	st, err := s.js.Stream(ctx, stream)
-	if err != nil {
-		return 0, err
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		return 0, err
-	}
-	return info.State.LastSeq, nil
 }
 
 func (s *Scheduler) apiAdd(ctx context.Context, data []byte) (any, error) {
@@ -237,70 +140,6 @@ func (s *Scheduler) apiUpdate(ctx context.Context, data []byte) (any, error) {
 	return s.info(ctx, def, newRev)
 }
 
-// triggerChanged compares the user-set parts of two specs.
-func triggerChanged(a, b *jetfleet.Spec) bool {
-	norm := func(sp *jetfleet.Spec) []byte {
-		c := *sp
-		if c.Event != nil {
-			ev := *c.Event
-			ev.StartSequence = 0
-			if b.Event != nil && b.Event.Stream == "" {
-				ev.Stream = ""
-			}
-			c.Event = &ev
-		}
-		if c.After != nil {
-			dep := *c.After
-			dep.StartSequence = 0
-			c.After = &dep
-		}
-		data, _ := json.Marshal(c)
-		return data
-	}
-	return !bytes.Equal(norm(a), norm(b))
-}
-
-func (s *Scheduler) load(ctx context.Context, id string) (*jetfleet.Schedule, uint64, error) {
-	kve, err := s.defs.Get(ctx, id)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, 0, notFound(id)
-	}
-	if err != nil {
-		return nil, 0, internal(err)
-	}
-	def, err := jetfleet.DecodeSchedule(kve.Value())
-	if err != nil {
-		return nil, 0, internal(err)
-	}
-	return def, kve.Revision(), nil
-}
-
-func (s *Scheduler) info(ctx context.Context, def *jetfleet.Schedule, rev uint64) (*jetfleet.ScheduleInfo, error) {
-	info := &jetfleet.ScheduleInfo{Schedule: def, Revision: rev}
-	rt := newRuntime()
-	if kve, err := s.states.Get(ctx, def.ID); err == nil {
-		var st jetfleet.ScheduleState
-		if json.Unmarshal(kve.Value(), &st) == nil {
-			info.State = &st
-			rt = fromState(&st)
-		}
-	}
-	c, err := compile(def)
-	if err != nil || c.kind != kindTime || c.paused {
-		return info, nil
-	}
-	t := max(rt.lastNominal, c.effectiveFrom)
-	for range 3 {
-		n, ok := c.nextNominal(t)
-		if !ok {
-			break
-		}
-		info.NextFires = append(info.NextFires, time.Unix(n, 0).In(c.loc))
-		t = n
-	}
-	return info, nil
-}
-
 func (s *Scheduler) apiGet(ctx context.Context, data []byte) (any, error) {
 	var req jetfleet.ScheduleIDRequest
 	if err := protocol.DecodeRequest(data, &req); err != nil {
@@ -353,37 +192,6 @@ func (s *Scheduler) apiList(ctx context.Context, data []byte) (any, error) {
 		return nil, internal(err)
 	}
 	return res, nil
-}
-
-// syncDefinitions waits until the engine has every definition the bucket
-// holds now.
-func (s *Scheduler) syncDefinitions(ctx context.Context) error {
-	st, err := s.defs.Status(ctx)
-	if err != nil {
-		return err
-	}
-	if bs, ok := st.(*jetstream.KeyValueBucketStatus); ok {
-		// The watch hands a definition to the engine before it counts it
-		// seen, so a call to the engine after this sees it.
-		return s.defsSeen.wait(ctx, bs.StreamInfo().State.LastSeq)
-	}
-	return nil
-}
-
-func (e *engine) summary(en *entry) jetfleet.ScheduleSummary {
-	c := en.c
-	sum := jetfleet.ScheduleSummary{ID: en.id, Trigger: c.describe(), Queue: c.queue, Kind: c.kindName, Paused: c.paused, Running: en.rt.running}
-	if en.rt.lastJobID != "" {
-		t := time.Unix(en.rt.lastFireNom, 0).In(c.loc)
-		sum.LastFire = &t
-	}
-	if c.kind == kindTime && !c.paused {
-		if n, ok := c.nextNominal(max(en.rt.lastNominal, c.effectiveFrom)); ok {
-			t := time.Unix(n, 0).In(c.loc)
-			sum.NextFire = &t
-		}
-	}
-	return sum
 }
 
 func (s *Scheduler) apiRemove(ctx context.Context, data []byte) (any, error) {
@@ -440,49 +248,6 @@ func (s *Scheduler) apiResume(ctx context.Context, data []byte) (any, error) {
 	})
 }
 
-// modify applies change to a stored definition with a revision-checked
-// write, reading again when another writer got there first.
-func (s *Scheduler) modify(ctx context.Context, id, eventType, reason string, change func(*jetfleet.Schedule, time.Time) error) (any, error) {
-	for attempt := 0; ; attempt++ {
-		def, rev, err := s.load(ctx, id)
-		if err != nil {
-			return nil, err
-		}
-		now := s.clk.Now()
-		if err := change(def, now); err != nil {
-			return nil, err
-		}
-		def.UpdatedAt = now.UTC()
-		value, err := json.Marshal(def)
-		if err != nil {
-			return nil, internal(err)
-		}
-		newRev, err := s.defs.Update(ctx, id, value, rev)
-		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) && attempt < 5 {
-			continue
-		}
-		if err != nil {
-			return nil, internal(err)
-		}
-		s.publishEvent(ctx, def, eventType, newRev, reason)
-		return s.info(ctx, def, newRev)
-	}
-}
-
-func (s *Scheduler) publishEvent(ctx context.Context, def *jetfleet.Schedule, eventType string, rev uint64, reason string) {
-	doc := &jetfleetpb.ScheduleEvent{Type: eventType, ScheduleId: def.ID, Time: timestamppb.New(s.clk.Now()),
-		Queue: def.Target.Queue, Kind: def.Target.Kind, Reason: reason}
-	data, err := protocol.Marshal(doc)
-	if err != nil {
-		return
-	}
-	msg := &nats.Msg{Subject: protocol.ScheduleEventSubject(def.ID, eventType), Data: data,
-		Header: nats.Header{protocol.HeaderMsgID: {jobIDPrefix + def.ID + ".def." + strconv.FormatUint(rev, 10) + "." + eventType}}}
-	if _, err := s.js.PublishMsg(ctx, msg); err != nil {
-		s.log.Warn("schedule event not published", telemetry.LogScheduleID, def.ID, "type", eventType, telemetry.LogError, err)
-	}
-}
-
 func (s *Scheduler) apiPreview(ctx context.Context, data []byte) (any, error) {
 	var req jetfleet.PreviewRequest
 	if err := protocol.DecodeRequest(data, &req); err != nil {
@@ -530,178 +295,6 @@ func (s *Scheduler) apiPreview(ctx context.Context, data []byte) (any, error) {
 		}
 		res.Times = append(res.Times, time.Unix(n, 0).In(c.loc))
 		t = n
-	}
-	return res, nil
-}
-
-// forwarding runs a leader-only request here when this replica leads, and
-// otherwise forwards it to the leader.
-func (s *Scheduler) forwarding(op string) func(context.Context, []byte) (any, error) {
-	return func(ctx context.Context, data []byte) (any, error) {
-		res, err := s.leaderOp(ctx, op, data)
-		if !errors.Is(err, errNotLeader) {
-			return res, err
-		}
-		msg, err := s.nc.RequestWithContext(ctx, leaderSubject+"."+op, data)
-		if errors.Is(err, nats.ErrNoResponders) {
-			return nil, unavailable("no scheduler leader right now; try again")
-		}
-		if err != nil {
-			return nil, internal(err)
-		}
-		return nil, &protocol.Forwarded{Reply: msg}
-	}
-}
-
-// handleLeaderRequest serves requests forwarded by other replicas.
-func (s *Scheduler) handleLeaderRequest(msg *nats.Msg) {
-	op := msg.Subject[len(leaderSubject)+1:]
-	ctx, cancel := context.WithTimeout(s.runner.Context(), 2*s.cfg.PublishTimeout)
-	defer cancel()
-	res, err := s.leaderOp(ctx, op, msg.Data)
-	reply := nats.NewMsg(msg.Reply)
-	if err != nil {
-		doc := protocol.ToDoc(err)
-		reply.Header.Set(micro.ErrorCodeHeader, protocol.HTTPStatus(doc.GetCode()))
-		reply.Header.Set(micro.ErrorHeader, doc.GetMessage())
-		reply.Data, _ = protocol.Marshal(doc)
-	} else {
-		reply.Data, _ = json.Marshal(res)
-	}
-	_ = msg.RespondMsg(reply)
-}
-
-func (s *Scheduler) leaderOp(ctx context.Context, op string, data []byte) (any, error) {
-	switch op {
-	case opTrigger:
-		var req jetfleet.ScheduleIDRequest
-		if err := protocol.DecodeRequest(data, &req); err != nil {
-			return nil, err
-		}
-		return s.onEngine(ctx, func(e *engine) (any, error) { return e.trigger(req.ID) })
-	case opBackfill:
-		var req jetfleet.BackfillRequest
-		if err := protocol.DecodeRequest(data, &req); err != nil {
-			return nil, err
-		}
-		return s.onEngine(ctx, func(e *engine) (any, error) { return e.backfill(&req) })
-	default:
-		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "unknown operation %q", op)
-	}
-}
-
-// onEngine runs op in the engine. When op does not find its schedule, the
-// request may have followed the schedule's add at once, before this
-// replica's definition watch delivered it: op runs again once the engine
-// holds every definition the bucket holds.
-func (s *Scheduler) onEngine(ctx context.Context, op func(*engine) (any, error)) (any, error) {
-	var (
-		res any
-		err error
-	)
-	for attempt := 0; ; attempt++ {
-		if cerr := s.eng.call(ctx, func(e *engine) { res, err = op(e) }); cerr != nil {
-			return nil, internal(cerr)
-		}
-		if attempt > 0 || !errors.Is(err, protocol.Code(protocol.CodeNotFound)) {
-			return res, err
-		}
-		if serr := s.syncDefinitions(ctx); serr != nil {
-			return res, err
-		}
-	}
-}
-
-func (e *engine) trigger(id string) (*jetfleet.TriggerResponse, error) {
-	if !e.leading() {
-		return nil, errNotLeader
-	}
-	en := e.byID[id]
-	if en == nil || en.c == nil {
-		return nil, notFound(id)
-	}
-	now := e.s.clk.Now()
-	f := &fireReq{nominal: now.Unix(), planned: now.UnixNano(), jobID: jobIDPrefix + id + ".manual." + nuid.Next(), source: sourceTrigger}
-	e.decide(en, e.work(en), f)
-	e.flush()
-	res := &jetfleet.TriggerResponse{JobID: f.jobID, NominalTime: time.Unix(f.nominal, 0).In(en.c.loc), Outcome: f.outcome, Reason: f.reason}
-	if f.err != nil {
-		return nil, internal(f.err)
-	}
-	if f.ack != nil {
-		res.Duplicate = f.ack.Duplicate
-	}
-	return res, nil
-}
-
-func (e *engine) backfill(req *jetfleet.BackfillRequest) (*jetfleet.BackfillResponse, error) {
-	if !e.leading() {
-		return nil, errNotLeader
-	}
-	en := e.byID[req.ID]
-	if en == nil || en.c == nil {
-		return nil, notFound(req.ID)
-	}
-	c := en.c
-	if c.kind != kindTime {
-		return nil, protocol.FieldError("id", "backfill needs a schedule with a cron, interval or one-shot trigger")
-	}
-	now := e.s.clk.Now()
-	switch {
-	case req.From.IsZero():
-		return nil, protocol.FieldError("from", "is required")
-	case req.To.IsZero():
-		return nil, protocol.FieldError("to", "is required")
-	case req.To.After(now):
-		return nil, protocol.FieldError("to", "is in the future")
-	case req.From.After(req.To):
-		return nil, protocol.FieldError("from", "is after to")
-	case req.Max < 0:
-		return nil, protocol.FieldError("max", "must not be negative")
-	}
-	limit := e.s.cfg.MaxBackfill
-	if req.Max > 0 {
-		limit = min(limit, req.Max)
-	}
-	res := &jetfleet.BackfillResponse{}
-	var fires []*fireReq
-	t := req.From.Unix() - 1
-	if req.From.Nanosecond() != 0 {
-		t = req.From.Unix()
-	}
-	for {
-		n, ok := c.nextNominal(t)
-		if !ok || n > req.To.Unix() {
-			break
-		}
-		if len(fires) == limit {
-			res.Truncated = true
-			break
-		}
-		fires = append(fires, &fireReq{nominal: n, planned: c.plannedAt(n), jobID: jobID(en.id, n), source: sourceBackfill})
-		t = n
-	}
-	w := e.work(en)
-	for _, f := range fires {
-		e.decide(en, w, f)
-	}
-	e.flush()
-	for _, f := range fires {
-		if f.err != nil {
-			return nil, internal(f.err)
-		}
-		if f.outcome != "fired" {
-			continue
-		}
-		res.Fired++
-		if f.ack.Duplicate {
-			res.Duplicates++
-		}
-		at := time.Unix(f.nominal, 0).In(c.loc)
-		if res.First.IsZero() {
-			res.First = at
-		}
-		res.Last = at
 	}
 	return res, nil
 }

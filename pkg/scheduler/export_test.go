@@ -27,7 +27,7 @@ func (s *Scheduler) Kick(ctx context.Context) error {
 // while frozen.
 func (s *Scheduler) TickAfterLosingLease(ctx context.Context, resume func()) error {
 	return s.eng.call(ctx, func(e *engine) {
-		s.el.Resign()
+		s.rep.Resign()
 		resume()
 		e.tick()
 	})
@@ -130,7 +130,7 @@ func (s *Scheduler) RenewLeaseUnseen(ctx context.Context) (uint64, error) {
 		if err := json.Unmarshal(kve.Value(), &v); err != nil {
 			return 0, err
 		}
-		if v.Holder != s.holder {
+		if v.Holder != s.rep.Holder() {
 			return 0, errors.New("not holding the lease")
 		}
 		v.RenewedAt = time.Now().UTC()

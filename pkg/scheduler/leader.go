@@ -53,7 +53,7 @@ func (e *engine) loseLeadership() {
 	if e.leader {
 		e.leader = false
 		e.s.metrics.leading.Store(0)
-		e.s.leading.Set(false)
+		e.s.rep.SetLeading(false)
 	}
 }
 
@@ -64,7 +64,7 @@ func (e *engine) becomeLeader(gen uint64, finished, lost []run) {
 	}
 	e.leader = true
 	e.s.metrics.leading.Store(1)
-	e.s.leading.Set(true)
+	e.s.rep.SetLeading(true)
 	for _, r := range finished {
 		e.complete(r.jobID, r.seq)
 	}

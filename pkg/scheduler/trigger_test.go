@@ -4,9 +4,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 )
 
 func utc(s string) time.Time {

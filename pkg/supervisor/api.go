@@ -30,7 +30,7 @@ func (s *Supervisor) serveAPI() (micro.Service, error) {
 	svc, err := micro.AddService(s.nc, micro.Config{
 		Name: protocol.SupervisorService, Version: ServiceVersion,
 		Description: "jetfleet supervisor: dead letters (ls, get, replay, purge), agents, jobs, history, status, queues (ls, add, rm)",
-		Metadata:    map[string]string{"holder": s.holder},
+		Metadata:    map[string]string{"holder": s.rep.Holder()},
 	})
 	if err != nil {
 		return nil, err
@@ -264,7 +264,7 @@ func (s *Supervisor) apiStatus(ctx context.Context, data []byte) (any, error) {
 		return nil, err
 	}
 	now := s.clk.Now()
-	res := &jetfleet.FleetStatus{Replica: s.holder, Queues: []jetfleet.QueueStatus{}}
+	res := &jetfleet.FleetStatus{Replica: s.rep.Holder(), Queues: []jetfleet.QueueStatus{}}
 	if lv, err := lease.Read(ctx, s.leases, s.cfg.LeaseKey); err == nil {
 		res.Leader = lv.Holder
 	}

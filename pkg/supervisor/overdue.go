@@ -268,3 +268,16 @@ func (s *Supervisor) failAttempt(ctx context.Context, agent string, j *jetfleetp
 			j.GetJobId(), agent, policy.TimeoutAction)})
 	return true
 }
+
+// ackOverdueLocked reports whether agent a still holds delivery j although
+// JetStream delivered the job message again since (its ack or progress did
+// not arrive within AckWait). Heartbeats of two agents have different ages:
+// an agent that answered the job (a retry with a short backoff) lists it in
+// the heartbeat it sent before, while the agent running the next delivery
+// reports it at once. So the holder's listing only counts from a heartbeat
+// received one of its intervals after the later delivery was first seen:
+// that heartbeat was built after the redelivery.
+func (t *tracker) ackOverdueLocked(a *agentView, j *jetfleetpb.InFlightJob) bool {
+	sd, ok := t.seen[j.GetStreamSequence()]
+	return ok && sd.delivered > j.GetDelivered() && a.lastSeen.Sub(sd.first) >= interval(a.hb)
+}
