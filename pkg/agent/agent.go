@@ -52,6 +52,7 @@ type Agent struct {
 	events   jetstream.Stream // EVENTS, to read a job's events
 	agentsKV jetstream.KeyValue
 	fleet    *fleetView
+	cancels  *cancelView
 
 	runner    lifecycle.Runner
 	jobs      sync.WaitGroup
@@ -253,6 +254,14 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.fleet = newFleetView(a.agentsKV, a.cfg.ID, a.logger)
 	if err := a.fleet.start(ctx, runCtx, &a.runner); err != nil {
 		return fmt.Errorf("agent: watch agents: %w", err)
+	}
+	cancelsKV, err := a.js.KeyValue(ctx, protocol.BucketCancels)
+	if err != nil {
+		return fmt.Errorf("agent: bucket %s: %w", protocol.BucketCancels, err)
+	}
+	a.cancels = newCancelView(a.logger, a.cancelStarted)
+	if err := mirrorBucket(ctx, runCtx, &a.runner, cancelsKV, a.cancels.apply); err != nil {
+		return fmt.Errorf("agent: watch cancels: %w", err)
 	}
 	if a.replies, err = newReplies(a.nc, asyncTimeout); err != nil {
 		return fmt.Errorf("agent: %w", err)
@@ -526,6 +535,18 @@ func (a *Agent) findJob(jobID string) *execution {
 		}
 	}
 	return nil
+}
+
+// cancelStarted ends a job that was already running when its cancel,
+// requested after the job was stored, reached bucket cancels: the
+// supervisor saw it in no heartbeat yet, so it told no agent.
+func (a *Agent) cancelStarted(c storedCancel) {
+	ex := a.findJob(c.GetJobId())
+	if ex == nil || ex.settled.Load() || !c.appliesTo(ex.job.ID, ex.msg.ack.Timestamp) {
+		return
+	}
+	a.logger.Info("cancelling job on request", telemetry.LogJobID, c.GetJobId(), "reason", c.GetReason())
+	ex.cancel(&cancelCommandError{reason: c.GetReason(), deadLetter: c.GetDeadLetter()})
 }
 
 func hostname() string {

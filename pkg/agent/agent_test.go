@@ -385,10 +385,10 @@ func TestRedeliveryOfSucceededJobIsAckedWithoutRunning(t *testing.T) {
 func TestCancelCommandEndsJobAsCancelled(t *testing.T) {
 	t.Parallel()
 	f := setup(t, topology.Config{})
-	started := make(chan struct{})
+	started := make(chan struct{}, 2)
 	a := f.startAgent(t, agent.Config{}, func(a *agent.Agent) {
 		must(t, a.Register("wait", func(ctx context.Context, job *agent.Job) error {
-			close(started)
+			started <- struct{}{}
 			<-ctx.Done()
 			return ctx.Err()
 		}, agent.KindOptions{}))
@@ -411,9 +411,62 @@ func TestCancelCommandEndsJobAsCancelled(t *testing.T) {
 
 	ev := f.events.WaitFor(t, 10*time.Second, "c-1", protocol.EventCancelled)
 	assert.Contains(t, ev.GetError(), "operator asked")
-	dead := f.events.WaitFor(t, 10*time.Second, "c-1", protocol.EventDead)
+	assert.Equal(t, protocol.ReasonCancelled, ev.GetReason())
+	assert.Equal(t, protocol.CodeCancelled, ev.GetErrorCode())
+	assert.Equal(t, protocol.EventCancelled, fleettest.WaitLatestEvent(t, f.js, "c-1", protocol.EventCancelled, 10*time.Second).GetType())
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, 10*time.Second)
+	assert.Empty(t, fleettest.DeadLetters(t, f.js), "a cancelled job is no dead letter")
+
+	// With dead_letter, the job is dead-lettered with reason cancelled.
+	fleettest.Publish(t, f.js, protocol.Job{ID: "c-2", Queue: "default", Kind: "wait"})
+	f.events.WaitFor(t, 10*time.Second, "c-2", protocol.EventStarted)
+	require.NoError(t, send(&jetfleetpb.AgentCommand{Action: protocol.CommandCancel, JobId: "c-2", Reason: "bad input", DeadLetter: true}))
+	dead := f.events.WaitFor(t, 10*time.Second, "c-2", protocol.EventDead)
 	assert.Equal(t, protocol.ReasonCancelled, dead.GetReason())
-	assert.Equal(t, protocol.EventDead, fleettest.WaitLatestEvent(t, f.js, "c-1", protocol.EventDead, 10*time.Second).GetType())
+	assert.Contains(t, dead.GetError(), "bad input")
+	letters := fleettest.DeadLetters(t, f.js)
+	require.Len(t, letters, 1)
+	assert.Equal(t, "c-2", letters[0].GetJobId())
+}
+
+// TestCancelInBucketEndsAJobAlreadyRunning: a cancel that reaches bucket
+// cancels while the job runs (it started before any heartbeat listed it,
+// so the supervisor told no agent) ends it too; one stored before the job
+// message was is for an earlier job with that id, and changes nothing.
+func TestCancelInBucketEndsAJobAlreadyRunning(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	ctx := fleettest.Ctx(t, 30*time.Second)
+	kv, err := f.js.KeyValue(ctx, protocol.BucketCancels)
+	require.NoError(t, err)
+	putCancel := func(jobID string) {
+		data, err := protocol.Marshal(&jetfleetpb.JobCancel{JobId: jobID, Reason: "stop it", RequestedBy: "test"})
+		require.NoError(t, err)
+		_, err = kv.Put(ctx, protocol.JobToken(jobID), data)
+		require.NoError(t, err)
+	}
+	putCancel("older-cancel")
+	started := make(chan string, 2)
+	f.startAgent(t, agent.Config{}, func(a *agent.Agent) {
+		must(t, a.Register("wait", func(ctx context.Context, job *agent.Job) error {
+			started <- job.ID
+			if job.ID == "older-cancel" {
+				return nil
+			}
+			<-ctx.Done()
+			return ctx.Err()
+		}, agent.KindOptions{}))
+	})
+	fleettest.Publish(t, f.js, protocol.Job{ID: "older-cancel", Queue: "default", Kind: "wait"})
+	f.events.WaitFor(t, 10*time.Second, "older-cancel", protocol.EventSucceeded)
+	fleettest.Publish(t, f.js, protocol.Job{ID: "b-1", Queue: "default", Kind: "wait"})
+	assert.Equal(t, "older-cancel", <-started)
+	assert.Equal(t, "b-1", <-started)
+	putCancel("b-1")
+	ev := f.events.WaitFor(t, 10*time.Second, "b-1", protocol.EventCancelled)
+	assert.Contains(t, ev.GetError(), "stop it")
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, 10*time.Second)
+	assert.Empty(t, fleettest.DeadLetters(t, f.js))
 }
 
 // TestTimeoutCommandFailsTheAttemptAsATimeout: the supervisor's timeout
@@ -750,7 +803,7 @@ func TestMetricsCountJobsByOutcome(t *testing.T) {
 
 // TestCancelWhileWaitingForTheKindsSlotIsNoSuccess: a job waiting for its
 // kind's concurrency slot is cancelled before its handler ever runs. It
-// ends cancelled and dead-lettered — never recorded as succeeded — and the
+// ends cancelled — never recorded as succeeded — and the
 // agent answers the supervisor's ping as a known command.
 func TestCancelWhileWaitingForTheKindsSlotIsNoSuccess(t *testing.T) {
 	t.Parallel()
@@ -783,8 +836,8 @@ func TestCancelWhileWaitingForTheKindsSlotIsNoSuccess(t *testing.T) {
 		return send(&jetfleetpb.AgentCommand{Action: protocol.CommandCancel, JobId: "waiter"}) == nil
 	}, 10*time.Second, 10*time.Millisecond, "the waiting job is held by the agent")
 
-	dead := f.events.WaitFor(t, 10*time.Second, "waiter", protocol.EventDead)
-	assert.Equal(t, protocol.ReasonCancelled, dead.GetReason())
+	cancelled := f.events.WaitFor(t, 10*time.Second, "waiter", protocol.EventCancelled)
+	assert.Equal(t, protocol.ReasonCancelled, cancelled.GetReason())
 	assert.Zero(t, countEvents(f.events, "waiter", protocol.EventSucceeded), "a job that never ran succeeded")
 	assert.Equal(t, int32(1), ran.Load(), "the cancelled job's handler ran")
 }

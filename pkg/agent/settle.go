@@ -52,7 +52,22 @@ func (a *Agent) settle(ctx context.Context, ex *execution, v verdict, err error,
 		a.handBack(ctx, ex, ev, v.delay)
 	case actRelease:
 		a.release(ctx, ex, errStopping)
+	case actCancel:
+		a.cancelRun(ex, ev)
 	}
+}
+
+// cancelRun ends a cancelled job's run: the cancelled event (the job's
+// outcome, with the cancel's reason as its error), then, once stored, a
+// TERM that removes the job without a dead letter.
+func (a *Agent) cancelRun(ex *execution, ev *jetfleetpb.JobEvent) {
+	ev.Reason = protocol.ReasonCancelled
+	a.answerOnceStored(ex, ev, func(ex *execution) {
+		if err := ex.msg.TermWithReason(protocol.ReasonCancelled); err != nil {
+			a.logger.Warn("term of a cancelled job failed; its next delivery finds the cancelled event", telemetry.LogJobID, ex.job.ID,
+				telemetry.LogError, err)
+		}
+	})
 }
 
 // ack acks the job's message as a request, so the server confirms it

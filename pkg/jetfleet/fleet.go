@@ -164,9 +164,11 @@ type QueueStatus struct {
 
 // HistoryStats aggregates executions.
 type HistoryStats struct {
-	Executions  int     `json:"executions"`
-	Succeeded   int     `json:"succeeded"`
-	Dead        int     `json:"dead"`
+	Executions int `json:"executions"`
+	Succeeded  int `json:"succeeded"`
+	Dead       int `json:"dead"`
+	// Cancelled runs count neither as successes nor as failures.
+	Cancelled   int     `json:"cancelled,omitempty"`
 	SuccessRate float64 `json:"success_rate"`
 	// P50 and P95 are percentiles of the last attempt's run time.
 	P50 time.Duration `json:"p50"`

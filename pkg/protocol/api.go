@@ -105,6 +105,8 @@ const (
 	APIHistory     = "jetfleet.api.supervisor.history"
 	APIStatus      = "jetfleet.api.supervisor.status"
 
+	APIJobCancel = "jetfleet.api.jobs.cancel"
+
 	APIQueueList   = "jetfleet.api.queues.ls"
 	APIQueueAdd    = "jetfleet.api.queues.add"
 	APIQueueRemove = "jetfleet.api.queues.rm"

@@ -24,6 +24,10 @@ const (
 	BucketScheduleState = "schedule_state"
 	BucketLeases        = "leases"
 	BucketAgents        = "agents"
+	// BucketCancels holds the cancels requested for jobs that were not
+	// running (JobCancel documents, key: the job token); agents check it
+	// before they run a job.
+	BucketCancels = "cancels"
 )
 
 // Subject roots and wildcards.

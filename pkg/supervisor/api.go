@@ -29,7 +29,7 @@ const ServiceVersion = "0.2.0"
 func (s *Supervisor) serveAPI() (micro.Service, error) {
 	svc, err := micro.AddService(s.nc, micro.Config{
 		Name: protocol.SupervisorService, Version: ServiceVersion,
-		Description: "jetfleet supervisor: dead letters (ls, get, replay, purge), agents, jobs, history, status, queues (ls, add, rm)",
+		Description: "jetfleet supervisor: dead letters (ls, get, replay, purge), agents, jobs (ls, get, cancel), history, status, queues (ls, add, rm)",
 		Metadata:    map[string]string{"holder": s.rep.Holder()},
 	})
 	if err != nil {
@@ -41,6 +41,7 @@ func (s *Supervisor) serveAPI() (micro.Service, error) {
 		protocol.APIAgents:   s.apiAgents, protocol.APIRunningJobs: s.apiJobs, protocol.APIJobDetail: s.apiJob,
 		protocol.APIHistory: s.apiHistory, protocol.APIStatus: s.apiStatus,
 		protocol.APIQueueList: s.apiQueues, protocol.APIQueueAdd: s.apiQueueAdd, protocol.APIQueueRemove: s.apiQueueRemove,
+		protocol.APIJobCancel: s.apiCancel,
 	})
 	if err != nil {
 		_ = svc.Stop()

@@ -43,6 +43,8 @@ type Supervisor struct {
 
 	jobs, dlq, events, store jetstream.Stream
 	agentsKV, leases         jetstream.KeyValue
+	// cancelsKV records the cancels of jobs (cancel.go).
+	cancelsKV jetstream.KeyValue
 
 	// client calls the scheduler's API (pausing a failing schedule).
 	client  *jetfleet.Client
@@ -137,6 +139,9 @@ func (s *Supervisor) Start(ctx context.Context) error {
 	}
 	if s.leases, err = s.js.KeyValue(ctx, protocol.BucketLeases); err != nil {
 		return fail(fmt.Errorf("bucket %s: %w", protocol.BucketLeases, err))
+	}
+	if s.cancelsKV, err = s.js.KeyValue(ctx, protocol.BucketCancels); err != nil {
+		return fail(fmt.Errorf("bucket %s: %w", protocol.BucketCancels, err))
 	}
 	if err := s.provision(ctx); err != nil {
 		return fail(err)

@@ -115,6 +115,7 @@ func buckets(c Config) []bucketSpec {
 		{cfg: kv(protocol.BucketScheduleState, "jetfleet schedule state", 1, 0)},
 		{cfg: kv(protocol.BucketLeases, "jetfleet leader leases", 1, c.LeaseTTL), disposable: true},
 		{cfg: kv(protocol.BucketAgents, "jetfleet agent registry", 1, c.AgentTTL), disposable: true},
+		{cfg: kv(protocol.BucketCancels, "jetfleet cancels of jobs not running", 1, c.CancelTTL)},
 	}
 }
 
