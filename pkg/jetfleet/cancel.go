@@ -117,7 +117,9 @@ func CancelReason(reason string) CancelOption { return func(r *CancelRequest) { 
 func CancelWithDeadLetter() CancelOption { return func(r *CancelRequest) { r.DeadLetter = true } }
 
 // CancelRequestedBy names who asked.
-func CancelRequestedBy(who string) CancelOption { return func(r *CancelRequest) { r.RequestedBy = who } }
+func CancelRequestedBy(who string) CancelOption {
+	return func(r *CancelRequest) { r.RequestedBy = who }
+}
 
 // Cancel cancels one job by id, wherever it is. A job whose run is already
 // over is a conflict error; an unknown id is recorded as pending (a job
