@@ -104,7 +104,8 @@ type fireTally struct {
 	pairs, once, twice, dupFires, missed int
 	// missedReported: of the missed pairs, those a `missed` event names.
 	missedReported int
-	// falseMissed: pairs a `missed` event names that ran (in range or not).
+	// missedEventPairs: pairs `missed` events name; falseMissed: those
+	// that ran (in range or not), in falseMissedEvents events.
 	falseMissed, missedEventPairs int
 	falseMissedEvents             int
 	falseMissedExamples           []string
@@ -213,6 +214,9 @@ func (s *snapshot) tallyFires(schedules []string, from, to int64, gapsFrom time.
 
 func (t fireTally) apply(r *row) {
 	r.falseMissed, r.dupFires, r.missedFires = t.falseMissed, t.dupFires, t.missed
+	if t.missedEventPairs > 0 {
+		r.note("`missed` events name %d pairs", t.missedEventPairs)
+	}
 	if t.falseMissed > 0 {
 		r.note("false missed: %d pairs in %d `missed` events, e.g. %s", t.falseMissed, t.falseMissedEvents,
 			strings.Join(t.falseMissedExamples, "; "))

@@ -155,16 +155,21 @@ func feed(ctx context.Context, f *fleet) <-chan jobSpec {
 }
 
 // firstAfter is the time from t to the first `fired` event and to the
-// first `succeeded` job event stored after t (-1: none).
+// first `succeeded` job event decided and stored after t (-1: none). An
+// event its service decided before t (its time field) and sent only once
+// the server was back is no sign of work resumed.
 func (s *snapshot) firstAfter(t time.Time) (fire, job time.Duration) {
 	fire, job = -1, -1
+	after := func(decided, stored time.Time, best time.Duration) bool {
+		return !decided.Before(t) && !stored.Before(t) && (best < 0 || stored.Sub(t) < best)
+	}
 	for _, se := range s.scheduleEvents {
-		if se.ev.GetType() == protocol.EventFired && !se.stored.Before(t) && (fire < 0 || se.stored.Sub(t) < fire) {
+		if se.ev.GetType() == protocol.EventFired && after(se.ev.GetTime().AsTime(), se.stored, fire) {
 			fire = se.stored.Sub(t)
 		}
 	}
 	for _, je := range s.jobEvents {
-		if je.ev.GetType() == protocol.EventSucceeded && !je.stored.Before(t) && (job < 0 || je.stored.Sub(t) < job) {
+		if je.ev.GetType() == protocol.EventSucceeded && after(je.ev.GetTime().AsTime(), je.stored, job) {
 			job = je.stored.Sub(t)
 		}
 	}
