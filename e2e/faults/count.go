@@ -281,8 +281,10 @@ func (s *snapshot) historyVsExecutions(r *row) {
 		repeated, extra, without, strings.Join(examples, ", "))
 }
 
-// repeatedTerminalEvents notes jobs with more than one stored `succeeded`
-// or `dead` event: evidence for history counting an execution twice.
+// repeatedTerminalEvents counts jobs with more than one stored `succeeded`
+// or `dead` event. A job's run ends once: a redelivery after a stored
+// `succeeded` is `skipped_duplicate`, after a stored `dead` it is
+// terminated again without an event; two are a resent event stored twice.
 func (s *snapshot) repeatedTerminalEvents(r *row) {
 	n := map[string]int{}
 	for _, se := range s.jobEvents {
@@ -291,14 +293,20 @@ func (s *snapshot) repeatedTerminalEvents(r *row) {
 		}
 	}
 	jobs, extra := 0, 0
-	for _, c := range n {
+	var examples []string
+	for k, c := range n {
 		if c > 1 {
 			jobs++
 			extra += c - 1
+			if len(examples) < 3 {
+				examples = append(examples, fmt.Sprintf("%s ×%d", k, c))
+			}
 		}
 	}
+	r.dupEvents = jobs
 	if jobs > 0 {
-		r.note("%d jobs have repeated succeeded/dead events (%d extra events)", jobs, extra)
+		sort.Strings(examples)
+		r.note("%d jobs with repeated succeeded/dead events, %d extra (%s)", jobs, extra, strings.Join(examples, ", "))
 	}
 }
 

@@ -138,7 +138,7 @@ func startFleet(ctx context.Context, log *slog.Logger, bins binaries, dir string
 		nats.ReconnectWait(100*time.Millisecond)); err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", f.nats.url(), err)
 	}
-	if f.js, err = jetstream.New(f.nc); err != nil {
+	if f.js, err = jetstream.New(f.nc, jetstream.WithPublishAsyncMaxPending(4096)); err != nil {
 		return nil, err
 	}
 	add := func(list *[]*member, role, prefix string, n int) error {

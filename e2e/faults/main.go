@@ -27,6 +27,7 @@ type scenario struct {
 
 var scenarios = []scenario{
 	{"bad-input", "malformed subjects, headers and payloads on jobs.>", defaultSize, runBadInput},
+	{"unknown-burst", "a burst of jobs of a kind no agent runs", defaultSize, runUnknownBurst},
 	{"agents-killed", "kill -9 a random agent every few seconds under load", defaultSize, runAgentsKilled},
 	{"scheduler-leader", "kill -9 and SIGSTOP the scheduler leader under 50 schedules", defaultSize, runSchedulerLeader},
 	{"supervisor-killed", "poison jobs while the supervisor leader is killed twice", fleetSize{agents: 3, schedulers: 3, supervisors: 2}, runSupervisorKilled},

@@ -52,15 +52,7 @@ func newPublisher(js jetstream.JetStream) *publisher {
 // duplicate check makes the retries one message. An error answer from the
 // server (e.g. the message is too large) is final.
 func (pb *publisher) publish(ctx context.Context, spec jobSpec) (publishedJob, error) {
-	msg := nats.NewMsg(spec.subject)
-	for k, v := range spec.header {
-		msg.Header[k] = v
-	}
-	msg.Header.Set(protocol.HeaderMsgID, spec.id)
-	if _, set := spec.header[protocol.HeaderJobID]; !set {
-		msg.Header.Set(protocol.HeaderJobID, spec.id)
-	}
-	msg.Data = spec.payload
+	msg := spec.msg()
 	deadline := time.Now().Add(pb.giveUp)
 	var lastErr error
 	for {
@@ -68,12 +60,7 @@ func (pb *publisher) publish(ctx context.Context, spec jobSpec) (publishedJob, e
 		ack, err := pb.js.PublishMsg(attemptCtx, msg)
 		cancel()
 		if err == nil {
-			job := publishedJob{jobSpec: spec, seq: ack.Sequence, duplicate: ack.Duplicate}
-			pb.mu.Lock()
-			pb.acked = append(pb.acked, job)
-			delete(pb.unknown, spec.id)
-			pb.mu.Unlock()
-			return job, nil
+			return pb.ack(spec, ack), nil
 		}
 		var apiErr *jetstream.APIError
 		if errors.As(err, &apiErr) || errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) {
@@ -93,6 +80,56 @@ func (pb *publisher) publish(ctx context.Context, spec jobSpec) (publishedJob, e
 		case <-ctx.Done():
 		case <-time.After(100 * time.Millisecond):
 		}
+	}
+}
+
+// msg is the job message: Nats-Msg-Id is the id, and so is
+// Jetfleet-Job-Id unless the spec's header sets one.
+func (spec jobSpec) msg() *nats.Msg {
+	msg := nats.NewMsg(spec.subject)
+	for k, v := range spec.header {
+		msg.Header[k] = v
+	}
+	msg.Header.Set(protocol.HeaderMsgID, spec.id)
+	if _, set := spec.header[protocol.HeaderJobID]; !set {
+		msg.Header.Set(protocol.HeaderJobID, spec.id)
+	}
+	msg.Data = spec.payload
+	return msg
+}
+
+func (pb *publisher) ack(spec jobSpec, ack *jetstream.PubAck) publishedJob {
+	job := publishedJob{jobSpec: spec, seq: ack.Sequence, duplicate: ack.Duplicate}
+	pb.mu.Lock()
+	defer pb.mu.Unlock()
+	pb.acked = append(pb.acked, job)
+	delete(pb.unknown, spec.id)
+	return job
+}
+
+// publishBurst publishes specs with up to the connection's asynchronous
+// window in flight at once (a burst), then publishes again, one by one,
+// every spec whose outcome is unknown.
+func (pb *publisher) publishBurst(ctx context.Context, specs []jobSpec) {
+	futures := make([]jetstream.PubAckFuture, len(specs))
+	for i, spec := range specs {
+		if ctx.Err() != nil {
+			return
+		}
+		futures[i], _ = pb.js.PublishMsgAsync(spec.msg()) // nil on error: retried below
+	}
+	for i, fut := range futures {
+		if fut != nil {
+			select {
+			case ack := <-fut.Ok():
+				pb.ack(specs[i], ack)
+				continue
+			case <-fut.Err():
+			case <-ctx.Done():
+				return
+			}
+		}
+		_, _ = pb.publish(ctx, specs[i])
 	}
 }
 

@@ -35,6 +35,9 @@ type row struct {
 	// history, executions: the supervisor's history records against the
 	// distinct finished executions (succeeded or dead).
 	history, executions int
+	// dupEvents: jobs with more than one stored `succeeded` or `dead`
+	// event (a resent event stored twice).
+	dupEvents int
 	// maxConcurrency: the most executions one agent process ran at once;
 	// concurrencyLimit: what each agent is configured for.
 	maxConcurrency, concurrencyLimit int
@@ -52,7 +55,7 @@ func newRow(scenario string) *row {
 	return &row{
 		scenario: scenario, published: na, runOnce: na, runTwice: na, lost: na, deadLetters: na,
 		unaccounted: na, falseMissed: na, dupFires: na, missedFires: na, history: na, executions: na,
-		maxConcurrency: na, concurrencyLimit: na,
+		dupEvents: na, maxConcurrency: na, concurrencyLimit: na,
 	}
 }
 
@@ -66,7 +69,8 @@ func (r *row) fail(format string, args ...any) {
 
 // judge adds the failures of the hard targets every scenario shares: zero
 // lost, zero unaccounted, zero false missed, zero duplicate or missed fires,
-// history equal to executions, concurrency within the configured limit.
+// history equal to executions, one terminal event per job, concurrency
+// within the configured limit.
 // At-least-once duplicates (runTwice) are reported, never failed.
 func (r *row) judge() {
 	if r.err != nil {
@@ -90,6 +94,9 @@ func (r *row) judge() {
 	if r.history != na && r.history != r.executions {
 		r.fail("history holds %d records for %d finished executions", r.history, r.executions)
 	}
+	if r.dupEvents > 0 {
+		r.fail("%d jobs have more than one stored succeeded or dead event", r.dupEvents)
+	}
 	if r.maxConcurrency != na && r.maxConcurrency > r.concurrencyLimit {
 		r.fail("an agent ran %d executions at once, configured for %d", r.maxConcurrency, r.concurrencyLimit)
 	}
@@ -98,7 +105,7 @@ func (r *row) judge() {
 func (r *row) passed() bool { return len(r.failures) == 0 }
 
 var columns = []string{"scenario", "published", "run once", "run twice", "lost", "dead letters", "unaccounted",
-	"false missed", "dup fires", "missed fires", "history / executions", "max concurrency", "result", "notes"}
+	"false missed", "dup fires", "missed fires", "history / executions", "dup events", "max concurrency", "result", "notes"}
 
 func count(n int) string {
 	if n == na {
@@ -122,7 +129,7 @@ func (r *row) cells() []string {
 	}
 	return []string{r.scenario, count(r.published), count(r.runOnce), count(r.runTwice), count(r.lost),
 		count(r.deadLetters), count(r.unaccounted), count(r.falseMissed), count(r.dupFires), count(r.missedFires),
-		hist, conc, result, strings.Join(r.notes, "; ")}
+		hist, count(r.dupEvents), conc, result, strings.Join(r.notes, "; ")}
 }
 
 // printTable writes the rows as a Markdown table (aligned, so it reads in
