@@ -111,6 +111,10 @@ func run() int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	go func() {
+		<-ctx.Done()
+		stop() // a second Ctrl-C ends the harness at once (its processes die with it: Pdeathsig)
+	}()
 
 	root, err := repoRoot()
 	if err != nil {

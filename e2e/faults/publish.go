@@ -22,11 +22,11 @@ type jobSpec struct {
 	payload []byte
 }
 
-// publishedJob is a publish JetStream acknowledged.
+// publishedJob is a publish JetStream acknowledged, and its sequence in
+// JOBS (the first message's, when a retry was acknowledged as a duplicate).
 type publishedJob struct {
 	jobSpec
-	seq       uint64
-	duplicate bool
+	seq uint64
 }
 
 // publisher publishes jobs through JetStream and keeps what was
@@ -99,7 +99,7 @@ func (spec jobSpec) msg() *nats.Msg {
 }
 
 func (pb *publisher) ack(spec jobSpec, ack *jetstream.PubAck) publishedJob {
-	job := publishedJob{jobSpec: spec, seq: ack.Sequence, duplicate: ack.Duplicate}
+	job := publishedJob{jobSpec: spec, seq: ack.Sequence}
 	pb.mu.Lock()
 	defer pb.mu.Unlock()
 	pb.acked = append(pb.acked, job)

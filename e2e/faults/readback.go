@@ -24,12 +24,11 @@ const (
 	historyKindSubjects = "jetfleet.supervisor.history.kind.>"
 )
 
-// letter is one dead letter in DLQ.
+// letter is one dead letter in DLQ: the job it is about (its id, and its
+// sequence in JOBS), why, and the error code.
 type letter struct {
-	dlqSeq                           uint64
-	jobID, queue, kind, reason, code string
-	originalSubject                  string
-	originalSeq                      uint64
+	jobID, kind, reason, code string
+	originalSeq               uint64
 }
 
 type storedJobEvent struct {
@@ -80,10 +79,8 @@ func (f *fleet) snapshot(ctx context.Context) (*snapshot, error) {
 		if err := protocol.Unmarshal(m.Data(), &dl); err != nil {
 			return err
 		}
-		md, _ := m.Metadata()
-		s.letters = append(s.letters, letter{dlqSeq: md.Sequence.Stream, jobID: dl.GetJobId(), queue: dl.GetQueue(),
-			kind: dl.GetKind(), reason: dl.GetReason(), code: dl.GetErrorCode(),
-			originalSubject: dl.GetOriginalSubject(), originalSeq: dl.GetOriginalSequence()})
+		s.letters = append(s.letters, letter{jobID: dl.GetJobId(), kind: dl.GetKind(), reason: dl.GetReason(),
+			code: dl.GetErrorCode(), originalSeq: dl.GetOriginalSequence()})
 		return nil
 	})
 	if err != nil {

@@ -26,7 +26,7 @@ func runSchedulerLeader(ctx context.Context, env *runEnv, f *fleet, r *row) erro
 	}
 	from := time.Now().Truncate(time.Second).Unix() + 2 // every schedule exists by then
 	faultsFrom := time.Now()
-	steady := env.duration(8*time.Second, 5*time.Second)
+	steady := env.duration(6*time.Second, 5*time.Second)
 	kills := env.scale(10, 2)
 
 	var takeovers []time.Duration
