@@ -40,8 +40,10 @@ type jobTally struct {
 	// lostQueued: lost jobs still in JOBS at the end.
 	lostQueued int
 	// twiceAfterKill: jobs run twice with a run on an agent process that
-	// was killed afterwards (every process but the last of each agent).
-	twiceAfterKill int
+	// was killed afterwards (every process but the last of each agent);
+	// twiceSameAttempt: jobs run twice under one attempt number (the
+	// message came back as a first delivery).
+	twiceAfterKill, twiceSameAttempt int
 }
 
 // tallyJobs counts published jobs: run once, run at least twice, dead
@@ -64,6 +66,9 @@ func (s *snapshot) tallyJobs(jobs []publishedJob, final map[string]string) jobTa
 			if slices.ContainsFunc(runs, func(x execution) bool { return final[agentOf(x.process)] != x.process }) {
 				t.twiceAfterKill++
 			}
+			if sameAttempt(runs) {
+				t.twiceSameAttempt++
+			}
 		}
 		if len(letters[j.id]) > 0 {
 			t.dead++
@@ -84,8 +89,8 @@ func (s *snapshot) tallyJobs(jobs []publishedJob, final map[string]string) jobTa
 func (t jobTally) apply(r *row) {
 	r.published, r.runOnce, r.runTwice, r.lost, r.deadLetters = t.published, t.runOnce, t.runTwice, t.lost, t.dead
 	if t.runTwice > 0 {
-		r.note("run twice: %d, %d of them with a run on an agent process killed later (%s…)",
-			t.runTwice, t.twiceAfterKill, strings.Join(t.twiceIDs, " "))
+		r.note("run twice: %d, %d of them with a run on an agent process killed later, %d under the same attempt twice (%s…)",
+			t.runTwice, t.twiceAfterKill, t.twiceSameAttempt, strings.Join(t.twiceIDs, " "))
 	}
 	if t.lost > 0 {
 		r.note("lost: %s… (%d still in JOBS)", strings.Join(t.lostIDs, " "), t.lostQueued)
@@ -102,6 +107,10 @@ type pair struct {
 type fireTally struct {
 	// pairs in range (every second of [from, to] for each schedule).
 	pairs, once, twice, dupFires, missed int
+	// redelivered, firstAgain: pairs run twice from one job message,
+	// under a higher attempt (a redelivery), or under the same attempt
+	// (the message came back as a first delivery).
+	redelivered, firstAgain int
 	// missedReported: of the missed pairs, those a `missed` event names.
 	missedReported int
 	// missedEventPairs: pairs `missed` events name; falseMissed: those
@@ -111,8 +120,9 @@ type fireTally struct {
 	falseMissedExamples           []string
 	// firedTwice: pairs with two stored `fired` events.
 	firedTwice int
-	// longestGap between two stored `fired` events of one schedule, and
-	// when it began.
+	// longestGap between two stored `fired` events of one schedule (or
+	// the start of the faults and its first, or its last and the stop of
+	// the schedulers), and when it began.
 	longestGap   time.Duration
 	longestGapAt time.Time
 	longestGapOf string
@@ -120,11 +130,13 @@ type fireTally struct {
 
 // tallyFires counts the pairs of schedules (every 1s) with nominal times
 // in [from, to]: run once, more than once, missed. A pair run twice is a
-// duplicate fire when two of its runs have the same attempt number — two
-// job messages, or one delivery run twice — and an at-least-once re-run
-// when the attempts differ (a redelivery). gapsFrom bounds the gap search
-// (fires before the faults began do not count).
-func (s *snapshot) tallyFires(schedules []string, from, to int64, gapsFrom time.Time) fireTally {
+// duplicate fire when its job events name two different messages in JOBS
+// (stream_sequence), and otherwise a re-run of one message (at-least-once:
+// run twice only). The gap search runs from
+// gapsFrom (fires before the faults began do not count) to gapsTo (when the
+// schedulers stopped: a schedule that stopped firing has a gap up to it).
+func (s *snapshot) tallyFires(schedules []string, from, to int64, gapsFrom, gapsTo time.Time) fireTally {
+	messages := s.messagesOf()
 	runs := map[pair][]execution{}
 	for _, xs := range s.effects.byJob {
 		for _, x := range xs {
@@ -191,18 +203,21 @@ func (s *snapshot) tallyFires(schedules []string, from, to int64, gapsFrom time.
 				t.once++
 			default:
 				t.twice++
-				attempts := map[int]bool{}
-				for _, x := range xs {
-					attempts[x.attempt] = true
-				}
-				if len(attempts) < len(xs) {
+				switch {
+				case len(messages[xs[0].jobID]) > 1:
 					t.dupFires++
+				case sameAttempt(xs):
+					t.firstAgain++
+				default:
+					t.redelivered++
 				}
 			}
 		}
 	}
-	for id, times := range firedAt {
+	for _, id := range schedules {
+		times := append([]time.Time{gapsFrom}, firedAt[id]...)
 		slices.SortFunc(times, func(a, b time.Time) int { return a.Compare(b) })
+		times = append(times, gapsTo)
 		for i := 1; i < len(times); i++ {
 			if gap := times[i].Sub(times[i-1]); gap > t.longestGap {
 				t.longestGap, t.longestGapAt, t.longestGapOf = gap, times[i-1], id
@@ -227,10 +242,40 @@ func (t fireTally) apply(r *row) {
 	if t.firedTwice > 0 {
 		r.note("%d pairs with two `fired` events", t.firedTwice)
 	}
-	if t.twice > t.dupFires {
-		r.note("%d scheduled runs repeated as a redelivery (at-least-once)", t.twice-t.dupFires)
+	if t.redelivered+t.firstAgain > 0 {
+		r.note("%d scheduled jobs ran twice from one message: %d redelivered (a higher attempt), %d delivered as a first delivery again (the same attempt)",
+			t.redelivered+t.firstAgain, t.redelivered, t.firstAgain)
 	}
-	r.note("longest gap between fires %.1fs", t.longestGap.Seconds())
+	r.note("longest gap between fires %.1fs (%s, from %s)", t.longestGap.Seconds(), t.longestGapOf,
+		t.longestGapAt.Format("15:04:05.0"))
+}
+
+// messagesOf maps each job id to the JOBS sequences its events name: two
+// of them are two job messages of one id.
+func (s *snapshot) messagesOf() map[string]map[uint64]bool {
+	m := map[string]map[uint64]bool{}
+	for _, je := range s.jobEvents {
+		if seq := je.ev.GetStreamSequence(); seq != 0 {
+			id := je.ev.GetJobId()
+			if m[id] == nil {
+				m[id] = map[uint64]bool{}
+			}
+			m[id][seq] = true
+		}
+	}
+	return m
+}
+
+// sameAttempt reports whether two executions ran under one attempt number.
+func sameAttempt(xs []execution) bool {
+	seen := map[int]bool{}
+	for _, x := range xs {
+		if seen[x.attempt] {
+			return true
+		}
+		seen[x.attempt] = true
+	}
+	return false
 }
 
 // historyVsExecutions compares the supervisor's history records with the

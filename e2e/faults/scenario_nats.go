@@ -86,7 +86,7 @@ func runNATSRestart(ctx context.Context, env *runEnv, f *fleet, r *row) error {
 	if runErr != nil {
 		return runErr
 	}
-	to, err := stopSchedulers(f)
+	to, stopped, err := stopSchedulers(f)
 	if err != nil {
 		return err
 	}
@@ -98,7 +98,7 @@ func runNATSRestart(ctx context.Context, env *runEnv, f *fleet, r *row) error {
 		return err
 	}
 	jobs := snap.tallyJobs(pb.published(), f.finalProcesses())
-	fires := snap.tallyFires(ids, from, to, faultsFrom)
+	fires := snap.tallyFires(ids, from, to, faultsFrom, stopped)
 	jobs.apply(r)
 	fires.apply(r)
 	r.published = jobs.published + fires.pairs

@@ -57,7 +57,7 @@ func runSchedulerLeader(ctx context.Context, env *runEnv, f *fleet, r *row) erro
 			return err
 		}
 	}
-	to, err := stopSchedulers(f)
+	to, stopped, err := stopSchedulers(f)
 	if err != nil {
 		return err
 	}
@@ -68,7 +68,7 @@ func runSchedulerLeader(ctx context.Context, env *runEnv, f *fleet, r *row) erro
 	if err != nil {
 		return err
 	}
-	t := snap.tallyFires(ids, from, to, faultsFrom)
+	t := snap.tallyFires(ids, from, to, faultsFrom, stopped)
 	r.published, r.runOnce, r.runTwice = t.pairs, t.once, t.twice
 	r.deadLetters = len(snap.lettersByJob())
 	t.apply(r)
@@ -148,15 +148,15 @@ func freezeLeader(ctx context.Context, env *runEnv, f *fleet, role string) (time
 }
 
 // stopSchedulers stops every scheduler (SIGTERM), so nothing fires while
-// the run is counted, and returns the last nominal time (Unix seconds) all
-// of them must have fired by then.
-func stopSchedulers(f *fleet) (int64, error) {
-	to := time.Now().Unix() - 2
+// the run is counted. It returns the last nominal time (Unix seconds) every
+// schedule must have fired by then, and when the stop began.
+func stopSchedulers(f *fleet) (to int64, stopped time.Time, err error) {
+	stopped = time.Now()
 	var errs []error
 	for _, m := range f.schedulers {
 		errs = append(errs, f.proc(m).stop(10*time.Second))
 	}
-	return to, errors.Join(errs...)
+	return stopped.Unix() - 2, stopped, errors.Join(errs...)
 }
 
 // pause lets the fleet run for d: a phase of the scenario, not a wait for
