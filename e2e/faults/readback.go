@@ -74,17 +74,8 @@ func (f *fleet) snapshot(ctx context.Context) (*snapshot, error) {
 	if s.effects, err = readEffects(f.effectsDir()); err != nil {
 		return nil, fmt.Errorf("effect files: %w", err)
 	}
-	err = readStream(ctx, f.js, protocol.StreamDLQ, nil, func(m jetstream.Msg) error {
-		var dl jetfleetpb.DeadLetter
-		if err := protocol.Unmarshal(m.Data(), &dl); err != nil {
-			return err
-		}
-		s.letters = append(s.letters, letter{jobID: dl.GetJobId(), kind: dl.GetKind(), reason: dl.GetReason(),
-			code: dl.GetErrorCode(), originalSeq: dl.GetOriginalSequence()})
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read stream %s: %w", protocol.StreamDLQ, err)
+	if s.letters, err = f.letters(ctx); err != nil {
+		return nil, err
 	}
 	err = readStream(ctx, f.js, protocol.StreamEvents, []string{protocol.JobEventsSubjects, protocol.ScheduleEventsSubjects},
 		func(m jetstream.Msg) error {
@@ -125,6 +116,24 @@ func (f *fleet) snapshot(ctx context.Context) (*snapshot, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// letters reads every dead letter in DLQ.
+func (f *fleet) letters(ctx context.Context) ([]letter, error) {
+	var out []letter
+	err := readStream(ctx, f.js, protocol.StreamDLQ, nil, func(m jetstream.Msg) error {
+		var dl jetfleetpb.DeadLetter
+		if err := protocol.Unmarshal(m.Data(), &dl); err != nil {
+			return err
+		}
+		out = append(out, letter{jobID: dl.GetJobId(), kind: dl.GetKind(), reason: dl.GetReason(),
+			code: dl.GetErrorCode(), originalSeq: dl.GetOriginalSequence()})
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read stream %s: %w", protocol.StreamDLQ, err)
+	}
+	return out, nil
 }
 
 // readStream calls fn for every message of stream on filters (nil: all),

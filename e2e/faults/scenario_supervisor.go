@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -16,7 +17,8 @@ import (
 // program kills the agent running it (a crash loop: dead-lettered by the
 // supervisor once MaxDeliver is reached; or, with max_attempts 2, by the
 // agent at the third delivery) — among ordinary jobs, with two supervisor
-// replicas; the leading one is killed with kill -9 twice. Every poison job
+// replicas; the leading one is killed with kill -9 twice, the second time
+// as the first crash loop is dead-lettered. Every poison job
 // must have exactly one dead letter; no ordinary job may be lost.
 func runSupervisorKilled(ctx context.Context, env *runEnv, f *fleet, r *row) error {
 	phase := env.duration(40*time.Second, 15*time.Second)
@@ -47,32 +49,45 @@ func runSupervisorKilled(ctx context.Context, env *runEnv, f *fleet, r *row) err
 		defer close(published)
 		pb.publishAll(ctx, paced(ctx, ordinary, phase, func(i int) jobSpec { return effectJob("ordinary", i) }), 4)
 	}()
+	// The first kill while the crash jobs' agents are being rescued; the
+	// second as soon as the supervisor dead-letters the first crash loop
+	// (reason max_deliveries), so that the rest reach MaxDeliver around a
+	// change of leader.
 	var takeovers []time.Duration
-	start := time.Now()
-	for _, at := range []time.Duration{phase / 5, phase * 3 / 5} {
-		if err := pause(ctx, time.Until(start.Add(at))); err != nil {
-			break
-		}
+	kill := func() error {
 		took, err := killLeader(ctx, env, f, "supervisor")
-		if err != nil {
-			<-published
-			return err
-		}
 		takeovers = append(takeovers, took)
+		return err
+	}
+	err := pause(ctx, phase/5)
+	if err == nil {
+		err = kill()
+	}
+	if err == nil {
+		if waitFor(ctx, 2*phase, func(ctx context.Context) (bool, error) {
+			ls, err := f.letters(ctx)
+			return slices.ContainsFunc(ls, func(l letter) bool { return l.reason == protocol.ReasonMaxDeliveries }), err
+		}) != nil {
+			r.note("no max_deliveries dead letter within %s: the second kill came without it", 2*phase)
+		}
+		err = kill()
 	}
 	<-published
-	if ctx.Err() != nil {
-		return ctx.Err()
+	if err != nil {
+		return err
 	}
-	// Every poison job dead-lettered, JOBS empty, the history caught up.
+	// Every poison job dead-lettered, then JOBS empty and the history caught up.
 	_ = waitFor(ctx, env.duration(3*time.Minute, 90*time.Second), func(ctx context.Context) (bool, error) {
-		s, err := f.snapshot(ctx)
+		ls, err := f.letters(ctx)
 		if err != nil {
 			return false, err
 		}
-		letters := s.lettersByJob()
+		done := map[string]bool{}
+		for _, l := range ls {
+			done[l.jobID] = true
+		}
 		for _, p := range poison {
-			if len(letters[p.id]) == 0 {
+			if !done[p.id] {
 				return false, nil
 			}
 		}
