@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -50,6 +51,7 @@ func build(ctx context.Context, log *slog.Logger, root, dir string) (binaries, e
 		cmd := exec.CommandContext(ctx, args[0], args[1:]...)
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // gone with the harness
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return binaries{}, fmt.Errorf("build failed (%s, in %s): %w\n%s", strings.Join(args, " "), root, err, out)
 		}

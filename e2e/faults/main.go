@@ -74,9 +74,9 @@ func main() { os.Exit(run()) }
 
 func run() int {
 	var names listFlag
-	short := flag.Bool("short", false, "small sizes and short phases (CI: about 30-60s per scenario)")
+	short := flag.Bool("short", false, "small sizes and short phases (what CI runs: 10-50s per scenario)")
 	keep := flag.Bool("keep", false, "keep the run's directory: binaries, configurations, logs, effect files, the NATS store")
-	verbose := flag.Bool("v", false, "log every fault and process start")
+	verbose := flag.Bool("v", false, "log every fault (kill, stop, restart) and the outcome of every bad input")
 	seed := flag.Uint64("seed", 0, "seed of the random choices (default: from the clock; printed)")
 	flag.Var(&names, "scenario", "run only this `scenario` (repeatable, or a comma-separated list): "+scenarioNames())
 	flag.Usage = func() {
