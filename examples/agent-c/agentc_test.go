@@ -22,7 +22,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -34,12 +33,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// The embedded server keeps background goroutines until its last
-		// references go; they are not ours.
-		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).syncBlocks"),
-	)
+	natstest.VerifyNoLeaks(m)
 }
 
 // waitTimeout bounds every wait on the agent: generous, for a loaded 2-core machine.
@@ -479,7 +473,10 @@ func TestCancelCommandDeadLettersTheRunningJob(t *testing.T) {
 		return &e
 	}
 	assert.Equal(t, "not_found", command(&jetfleetpb.AgentCommand{Action: protocol.CommandCancel, JobId: "nope"}).GetCode())
-	assert.Equal(t, "invalid_argument", command(&jetfleetpb.AgentCommand{Action: "explode", JobId: "long-1"}).GetCode())
+	unknown := command(&jetfleetpb.AgentCommand{Action: "explode", JobId: "long-1"})
+	assert.Equal(t, "invalid_argument", unknown.GetCode())
+	assert.Equal(t, "action", unknown.GetField())
+	assert.Empty(t, command(&jetfleetpb.AgentCommand{Action: protocol.CommandPing}).GetCode(), "§3.6: ping is answered")
 	assert.Empty(t, command(&jetfleetpb.AgentCommand{Action: protocol.CommandCancel, JobId: "long-1", Reason: "not needed"}).GetCode())
 
 	f.events.WaitFor(t, waitTimeout, "long-1", protocol.EventDead)
@@ -555,9 +552,9 @@ func TestSIGTERMHandsRunningJobBackAndExitsZero(t *testing.T) {
 	assert.Equal(t, uint64(0), fleettest.StreamMsgs(t, f.js, protocol.StreamDLQ))
 
 	// The next agent counts the hand-back as no attempt: delivered 2,
-	// attempt 1, read from the job's latest event (§3.3).
+	// attempt 1, read from its released event (§3.3).
 	hbs2 := watchHeartbeats(t, f.nc, "c-stop-2")
-	f.startAgent(t, "c-stop-2", "--grace", "300ms")
+	a2 := f.startAgent(t, "c-stop-2", "--grace", "300ms")
 	hb := hbs2.wait(t, "listing the redelivered job", func(hb *jetfleetpb.Heartbeat) bool {
 		j := inFlight(hb, id)
 		return j != nil && j.GetAttempt() > 0
@@ -566,4 +563,237 @@ func TestSIGTERMHandsRunningJobBackAndExitsZero(t *testing.T) {
 	assert.Equal(t, uint64(2), j.GetDelivered())
 	assert.Equal(t, uint32(1), j.GetAttempt())
 	assert.True(t, slices.ContainsFunc(hb.GetJobs(), func(j *jetfleetpb.InFlightJob) bool { return j.GetStreamSequence() == seq }))
+
+	// The agent that stopped deleted its registration (§3.4): a message with
+	// header KV-Operation: DEL on $KV.agents.<id>.
+	ctx := fleettest.Ctx(t, waitTimeout)
+	kv, err := f.js.KeyValue(ctx, protocol.BucketAgents)
+	require.NoError(t, err)
+	_, err = kv.Get(ctx, "c-stop-1")
+	assert.ErrorIs(t, err, jetstream.ErrKeyNotFound) // a deleted key reads as not found
+	agents, err := f.js.Stream(ctx, "KV_"+protocol.BucketAgents)
+	require.NoError(t, err)
+	marker, err := agents.GetLastMsgForSubject(ctx, "$KV."+protocol.BucketAgents+".c-stop-1")
+	require.NoError(t, err)
+	assert.Equal(t, "DEL", marker.Header.Get("KV-Operation"))
+	assert.Empty(t, marker.Data)
+
+	// The second hand-back counts the first one too (§3.3).
+	require.NoError(t, a2.cmd.Process.Signal(syscall.SIGTERM))
+	rel2 := f.events.Wait(t, waitTimeout, func(ev *jetfleetpb.JobEvent) bool {
+		return ev.GetJobId() == id && ev.GetType() == protocol.EventReleased && ev.GetAgentId() == "c-stop-2"
+	})
+	assert.Equal(t, uint32(2), rel2.GetSnoozes())
+	assert.Equal(t, uint64(2), rel2.GetDelivered())
+}
+
+// deliverAndNak takes the next n deliveries of queue default, as an agent
+// that died would have, lets record store events about each (by job id), and
+// NAKs them for redelivery at once.
+func (f *fleet) deliverAndNak(t *testing.T, n int, record func(jobID string, ack *protocol.AckSubject)) {
+	t.Helper()
+	ctx := fleettest.Ctx(t, waitTimeout)
+	cons, err := f.js.Consumer(ctx, protocol.StreamJobs, protocol.QueueConsumer("default"))
+	require.NoError(t, err)
+	batch, err := cons.Fetch(n, jetstream.FetchMaxWait(10*time.Second))
+	require.NoError(t, err)
+	got := 0
+	for msg := range batch.Messages() {
+		ack, err := protocol.ParseAckSubject(msg.Reply())
+		require.NoError(t, err)
+		record(msg.Headers().Get(protocol.HeaderJobID), &ack)
+		require.NoError(t, msg.Nak())
+		got++
+	}
+	require.Equal(t, n, got, "deliveries: %v", batch.Error())
+}
+
+// storeEvent stores a job event as an earlier delivery's agent (or the
+// supervisor) would have, with its Nats-Msg-Id.
+func (f *fleet) storeEvent(t *testing.T, ev *jetfleetpb.JobEvent) {
+	t.Helper()
+	data, err := protocol.Marshal(ev)
+	require.NoError(t, err)
+	msg := &nats.Msg{Subject: protocol.JobEventSubject(ev.GetQueue(), ev.GetKind(), ev.GetType(), ev.GetJobId()), Data: data,
+		Header: nats.Header{protocol.HeaderMsgID: {protocol.JobEventMsgID(ev.GetType(), ev.GetStreamSequence(), ev.GetDelivered())}}}
+	_, err = f.js.PublishMsg(fleettest.Ctx(t, waitTimeout), msg)
+	require.NoError(t, err)
+}
+
+// TestRedeliveryReadsTheLatestEventOfEachType: a redelivery reads each event
+// type on its own subject (§3.3), not the job's latest event: it counts the
+// snoozes of a snoozed event that an older, late event follows; re-TERMs a
+// job whose dead letter is stored; and dead-letters a stored verdict, all
+// without running the job.
+func TestRedeliveryReadsTheLatestEventOfEachType(t *testing.T) {
+	f := newFleet(t, topology.QueueConfig{})
+	snoozedSeq := fleettest.Publish(t, f.js, protocol.Job{ID: "snoozed-1", Queue: "default", Kind: "fail",
+		MaxAttempts: 2, Backoff: []time.Duration{10 * time.Millisecond}})
+	fleettest.Publish(t, f.js, protocol.Job{ID: "dead-1", Queue: "default", Kind: "sleep", Payload: []byte("600000")})
+	fleettest.Publish(t, f.js, protocol.Job{ID: "verdict-1", Queue: "default", Kind: "sleep", Payload: []byte("600000")})
+	f.deliverAndNak(t, 3, func(id string, ack *protocol.AckSubject) {
+		ev := func(typ string) *jetfleetpb.JobEvent {
+			return &jetfleetpb.JobEvent{Type: typ, JobId: id, Queue: "default", AgentId: "lost-agent",
+				Time: timestamppb.Now(), StreamSequence: ack.StreamSequence, Delivered: ack.Delivered, Attempt: 1, MaxAttempts: 5}
+		}
+		switch id {
+		case "snoozed-1":
+			// The handler snoozed; then a resend of its started event,
+			// which knew no snooze yet, became the job's latest event.
+			snoozed := ev(protocol.EventSnoozed)
+			snoozed.Kind, snoozed.Snoozes, snoozed.MaxAttempts = "fail", 1, 2
+			f.storeEvent(t, snoozed)
+			started := ev(protocol.EventStarted)
+			started.Kind, started.MaxAttempts = "fail", 2
+			f.storeEvent(t, started)
+		case "dead-1":
+			dead := ev(protocol.EventDead)
+			dead.Kind, dead.Reason, dead.ErrorCode, dead.Error = "sleep", protocol.ReasonNonRetryable, protocol.CodeNonRetryable, "stored before"
+			f.storeEvent(t, dead)
+		case "verdict-1":
+			failed := ev(protocol.EventFailed)
+			failed.Kind, failed.Reason, failed.ErrorCode, failed.Error = "sleep", protocol.ReasonNonRetryable, protocol.CodeNonRetryable, "bad input"
+			f.storeEvent(t, failed)
+		default:
+			t.Errorf("unexpected job %q", id)
+		}
+	})
+	require.Equal(t, protocol.EventStarted, fleettest.LatestEvent(t, f.js, "snoozed-1").GetType())
+
+	f.startAgent(t, "c-history")
+
+	// snoozes 1 from the snoozed event: delivery 2 is attempt 1, not 2.
+	retrying := f.events.Wait(t, waitTimeout, func(ev *jetfleetpb.JobEvent) bool {
+		return ev.GetJobId() == "snoozed-1" && ev.GetAgentId() == "c-history"
+	})
+	assert.Equal(t, protocol.EventRetrying, retrying.GetType())
+	assert.Equal(t, uint32(1), retrying.GetAttempt())
+	assert.Equal(t, uint32(1), retrying.GetSnoozes())
+	assert.Equal(t, uint64(2), retrying.GetDelivered())
+	assert.Equal(t, snoozedSeq, retrying.GetStreamSequence())
+	f.events.WaitFor(t, waitTimeout, "snoozed-1", protocol.EventDead) // attempt 2 of 2
+
+	// The verdict is dead-lettered with its reason and error, not run.
+	f.events.WaitFor(t, waitTimeout, "verdict-1", protocol.EventDead)
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, waitTimeout) // dead-1 TERMed
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamDLQ, 2, waitTimeout)
+	byID := map[string]*jetfleetpb.DeadLetter{}
+	for _, dl := range fleettest.DeadLetters(t, f.js) {
+		byID[dl.GetJobId()] = dl
+	}
+	require.Contains(t, byID, "verdict-1")
+	assert.Equal(t, protocol.ReasonNonRetryable, byID["verdict-1"].GetReason())
+	assert.Equal(t, protocol.CodeNonRetryable, byID["verdict-1"].GetErrorCode())
+	assert.Equal(t, "bad input", byID["verdict-1"].GetLastError())
+	assert.Equal(t, "failed,dead", types(f.eventsBy("c-history", "verdict-1")), "the job did not run")
+	require.Contains(t, byID, "snoozed-1")
+	assert.Equal(t, protocol.ReasonMaxAttempts, byID["snoozed-1"].GetReason())
+	assert.Equal(t, protocol.CodeHandlerError, byID["snoozed-1"].GetErrorCode(), "its last attempt ran")
+	assert.NotContains(t, byID, "dead-1", "its dead letter was stored before: only the TERM was missing")
+	assert.Empty(t, f.eventsBy("c-history", "dead-1"), "the job did not run")
+}
+
+// TestRegistrationIsLiveByStorageTime: an agent whose registration was not
+// rewritten for 3 intervals is not live, whatever its sent_at says (§3.4):
+// a kind only it ran is dead-lettered, not passed on to it.
+func TestRegistrationIsLiveByStorageTime(t *testing.T) {
+	f := newFleet(t, topology.QueueConfig{})
+	ctx := fleettest.Ctx(t, waitTimeout)
+	kv, err := f.js.KeyValue(ctx, protocol.BucketAgents)
+	require.NoError(t, err)
+	// A silent agent whose clock runs an hour ahead.
+	stale, err := protocol.Marshal(&jetfleetpb.Heartbeat{AgentId: "go-silent", Queues: []string{"default"},
+		Kinds: []string{"resize"}, Interval: durationpb.New(time.Second), SentAt: timestamppb.New(time.Now().Add(time.Hour))})
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, "go-silent", stale)
+	require.NoError(t, err)
+	silent, err := kv.Get(ctx, "go-silent")
+	require.NoError(t, err)
+	f.startAgent(t, "c-storage-time", "--heartbeat", "200ms")
+	// Wait until the C agent rewrote its own entry 3 of go-silent's intervals later.
+	w, err := kv.Watch(ctx, "c-storage-time")
+	require.NoError(t, err)
+	defer func() { _ = w.Stop() }()
+	for e := range w.Updates() {
+		if e != nil && e.Created().Sub(silent.Created()) > 3*time.Second+200*time.Millisecond {
+			break
+		}
+	}
+
+	fleettest.Publish(t, f.js, protocol.Job{ID: "resize-2", Queue: "default", Kind: "resize"})
+	ev := f.events.WaitFor(t, waitTimeout, "resize-2", protocol.EventDead)
+	assert.Equal(t, protocol.ReasonUnknownKind, ev.GetReason())
+	assert.Equal(t, "failed,dead", types(f.events.Of("resize-2")), "not passed on to a silent agent")
+}
+
+// TestJobIDs: a job id is up to 256 characters of letters, marks, numbers,
+// punctuation and symbols, in UTF-8 (§1); an invalid Jetfleet-Job-Id is a
+// header error, dead-lettered under JOBS-<stream sequence>, never under its
+// Nats-Msg-Id (§2.1).
+func TestJobIDs(t *testing.T) {
+	f := newFleet(t, topology.QueueConfig{})
+	f.startAgent(t, "c-ids")
+
+	long := strings.Repeat("я", 256) // 512 bytes
+	for _, id := range []string{"заказ-№42", long} {
+		fleettest.Publish(t, f.js, protocol.Job{ID: id, Queue: "default", Kind: "echo"})
+		f.events.WaitFor(t, waitTimeout, id, protocol.EventSucceeded)
+	}
+
+	for i, bad := range []string{"has space", "no\u00a0break", strings.Repeat("я", 257), "zero\u200bwidth"} {
+		seq := fleettest.Publish(t, f.js, protocol.Job{Queue: "default", Kind: "echo",
+			Header: nats.Header{protocol.HeaderJobID: {bad}, protocol.HeaderMsgID: {fmt.Sprintf("fine-%d", i)}}})
+		id := protocol.FallbackJobID(seq)
+		ev := f.events.WaitFor(t, waitTimeout, id, protocol.EventDead)
+		assert.Equal(t, protocol.ReasonInvalidHeaders, ev.GetReason(), "%q", bad)
+		assert.Equal(t, protocol.CodeInvalidHeaders, ev.GetErrorCode(), "%q", bad)
+		fleettest.WaitStreamMsgs(t, f.js, protocol.StreamDLQ, uint64(i+1), waitTimeout)
+		dl, h := f.lastDeadLetter(t)
+		assert.Equal(t, id, dl.GetJobId(), "%q", bad)
+		assert.Equal(t, id, h.Get(protocol.HeaderJobID))
+		assert.Equal(t, []string{bad}, dl.GetHeaders()[protocol.HeaderJobID].GetValues())
+		assert.Contains(t, dl.GetLastError(), protocol.HeaderJobID)
+	}
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, waitTimeout)
+}
+
+// lastDeadLetter returns the newest dead letter and its message headers.
+func (f *fleet) lastDeadLetter(t *testing.T) (*jetfleetpb.DeadLetter, nats.Header) {
+	t.Helper()
+	ctx := fleettest.Ctx(t, waitTimeout)
+	s, err := f.js.Stream(ctx, protocol.StreamDLQ)
+	require.NoError(t, err)
+	m, err := s.GetLastMsgForSubject(ctx, protocol.DLQSubjects)
+	require.NoError(t, err)
+	var dl jetfleetpb.DeadLetter
+	require.NoError(t, protocol.Unmarshal(m.Data, &dl))
+	return &dl, m.Header
+}
+
+// eventsBy returns the types of the events agentID published about jobID.
+func (f *fleet) eventsBy(agentID, jobID string) []string {
+	var out []string
+	for _, ev := range f.events.All() {
+		if ev.GetJobId() == jobID && ev.GetAgentId() == agentID {
+			out = append(out, ev.GetType())
+		}
+	}
+	return out
+}
+
+// TestAgentCreatesAMissingQueue: an agent creates the consumer of a queue
+// that does not exist yet, with the default settings (§1.1).
+func TestAgentCreatesAMissingQueue(t *testing.T) {
+	f := newFleet(t, topology.QueueConfig{})
+	f.startAgent(t, "c-fresh", "--queue", "fresh")
+	fleettest.Publish(t, f.js, protocol.Job{ID: "fresh-1", Queue: "fresh", Kind: "echo"})
+	f.events.WaitFor(t, waitTimeout, "fresh-1", protocol.EventSucceeded)
+	info, err := f.js.Consumer(fleettest.Ctx(t, waitTimeout), protocol.StreamJobs, protocol.QueueConsumer("fresh"))
+	require.NoError(t, err)
+	cfg := info.CachedInfo().Config
+	assert.Equal(t, "jobs.fresh.>", cfg.FilterSubject)
+	assert.Equal(t, 30*time.Second, cfg.AckWait)
+	assert.Equal(t, 20, cfg.MaxDeliver)
+	assert.Equal(t, 10000, cfg.MaxAckPending)
+	assert.Equal(t, jetstream.AckExplicitPolicy, cfg.AckPolicy)
 }

@@ -72,6 +72,14 @@ type Agent struct {
 
 	slotMu     sync.Mutex
 	nextPuller int // round-robin position for offering freed slots
+
+	// awaiting holds the finished jobs whose answer waits for their outcome
+	// event to be stored (answerOnceStored); at most cfg.MaxUnconfirmed
+	// before finishing jobs keep their slots.
+	awaitMu  sync.Mutex
+	awaiting map[*execution]struct{}
+	// noSlot counts deliveries handed back for want of a free slot.
+	noSlot metric.Int64Counter
 }
 
 type kind struct {
@@ -87,24 +95,68 @@ type queueState struct {
 	ackWait time.Duration // of the queue's consumer
 }
 
-// New returns an agent using env's connection, logger and telemetry.
-func New(cfg Config, env *service.Env) (*Agent, error) {
+// Option configures an Agent beyond its Config.
+type Option func(*Agent)
+
+// WithLogger logs through l (default: nothing is logged).
+func WithLogger(l *slog.Logger) Option { return func(a *Agent) { a.logger = l } }
+
+// WithTracerProvider makes the agent's spans (agent.execute <kind>) with tp
+// (default: no spans).
+func WithTracerProvider(tp trace.TracerProvider) Option { return func(a *Agent) { a.tracer = tp } }
+
+// WithMeterProvider records the agent's metrics with mp (default: none).
+func WithMeterProvider(mp metric.MeterProvider) Option { return func(a *Agent) { a.meter = mp } }
+
+// WithTopology gives the agent the fleet's JetStream settings: the consumer
+// settings of the queues declared under topology.queues, which an agent
+// creates when they are missing. Default: every queue's defaults.
+func WithTopology(t topology.Config) Option { return func(a *Agent) { a.topology = t } }
+
+// WithEnv takes the logger, telemetry and topology of a service's
+// environment (the agent service, the dev fleet, tests).
+func WithEnv(env *service.Env) Option {
+	return func(a *Agent) {
+		if env.Logger != nil {
+			a.logger = env.Logger
+		}
+		if env.Base != nil {
+			a.topology = env.Base.Topology
+		}
+		if env.Telemetry != nil {
+			a.tracer, a.meter = env.Telemetry.TracerProvider, env.Telemetry.MeterProvider
+		}
+	}
+}
+
+// New returns an agent that pulls and runs jobs on nc (which the caller
+// keeps owning). Register handlers (AddHandler, Register), then Start.
+func New(nc *nats.Conn, cfg Config, opts ...Option) (*Agent, error) {
+	if nc == nil {
+		return nil, errors.New("agent: a NATS connection is required")
+	}
 	if err := cfg.Validate("agent"); err != nil {
 		return nil, err
 	}
 	cfg = cfg.WithDefaults()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
 	a := &Agent{
-		cfg: cfg, nc: env.Conn, js: env.JetStream, logger: env.Logger.With(telemetry.LogComponent, "agent", telemetry.LogAgentID, cfg.ID),
-		kinds: map[string]*kind{}, inflight: map[string]*execution{},
+		cfg: cfg, nc: nc, js: js, logger: slog.New(slog.DiscardHandler),
+		kinds: map[string]*kind{}, inflight: map[string]*execution{}, awaiting: map[*execution]struct{}{},
 		tracer: nooptrace.NewTracerProvider(), meter: noopmetric.NewMeterProvider(),
 	}
-	if env.Base != nil {
-		a.topology = env.Base.Topology
+	for _, o := range opts {
+		o(a)
 	}
-	if env.Telemetry != nil {
-		a.tracer, a.meter = env.Telemetry.TracerProvider, env.Telemetry.MeterProvider
-	}
+	a.logger = a.logger.With(telemetry.LogComponent, "agent", telemetry.LogAgentID, cfg.ID)
 	a.execute = Chain(a.run, Tracing(a.tracer), Logging(a.logger), Metrics(a.meter))
+	if a.noSlot, err = a.meter.Meter(TracerName).Int64Counter("jetfleet.agent.deliveries.without_slot",
+		metric.WithDescription("Deliveries that arrived for no free slot (a pull request counted lost answered after all) and were handed back at once")); err != nil {
+		return nil, fmt.Errorf("agent: metric: %w", err)
+	}
 	return a, nil
 }
 
@@ -282,7 +334,23 @@ func (a *Agent) Stop(ctx context.Context) error {
 	// the server: waiting for their confirmation would change nothing (an
 	// ack whose confirmation is lost, e.g. with its consumer, leads to a
 	// redelivery that is acked without running), and could take asyncTimeout.
-	flushErr := errors.Join(a.recorder.flush(ctx), a.nc.FlushWithContext(ctx))
+	// Outcomes still waiting to be stored get until shortly before the end
+	// of the grace; then their jobs are handed back, so none is left acked
+	// without its outcome nor unanswered until AckWait.
+	flushCtx := ctx
+	if deadline, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		flushCtx, cancel = context.WithDeadline(ctx, deadline.Add(-min(time.Until(deadline)/5, time.Second)))
+		defer cancel()
+	}
+	flushErr := a.recorder.flush(flushCtx)
+	if n := a.handBackAwaiting(); n > 0 {
+		a.logger.Warn("stopped before the outcome of some jobs was stored; they were handed back", "jobs", n)
+	}
+	if flushErr != nil && ctx.Err() == nil {
+		flushErr = nil // what was not confirmed in time was handed back
+	}
+	flushErr = errors.Join(flushErr, a.nc.FlushWithContext(ctx))
 	stopErr := a.runner.Stop(ctx) // heartbeats end here, before the registration goes
 	if err := a.agentsKV.Delete(ctx, a.cfg.ID); err != nil {
 		a.logger.Warn("agent registration not removed; its TTL drops it", telemetry.LogError, err)
@@ -334,7 +402,7 @@ func (a *Agent) releaseAll(ctx context.Context) {
 		return
 	}
 	for _, ex := range running {
-		ex.cancel(errReleased)
+		ex.cancel(errStopping)
 	}
 	// Handlers get what is left of the grace, less a little for flushing,
 	// to end on their cancelled context and hand their jobs back themselves.

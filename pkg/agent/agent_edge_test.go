@@ -154,7 +154,7 @@ func TestStopHandsBackJobsOfHandlersThatIgnoreCancellation(t *testing.T) {
 	t.Parallel()
 	f := setup(t, topology.Config{Queues: map[string]topology.QueueConfig{"default": {AckWait: time.Minute}}})
 	env := fleettest.NewEnv(t, f.srv, f.env.Base.Topology)
-	stuck, err := agent.New(agent.Config{ID: "stuck"}, env.Env)
+	stuck, err := agent.New(env.Env.Conn, agent.Config{ID: "stuck"}, agent.WithEnv(env.Env))
 	require.NoError(t, err)
 	unblock := make(chan struct{})
 	defer close(unblock)
@@ -259,7 +259,7 @@ func TestStopDoesNotWaitForAckConfirmationsThatNeverCome(t *testing.T) {
 	t.Parallel()
 	f := setup(t, topology.Config{})
 	env := fleettest.NewEnv(t, f.srv, f.env.Base.Topology)
-	a, err := agent.New(agent.Config{FetchMaxWait: 500 * time.Millisecond}, env.Env)
+	a, err := agent.New(env.Env.Conn, agent.Config{FetchMaxWait: 500 * time.Millisecond}, agent.WithEnv(env.Env))
 	require.NoError(t, err)
 	must(t, a.Register("work", func(ctx context.Context, _ *agent.Job) error {
 		if err := f.js.DeleteConsumer(ctx, protocol.StreamJobs, protocol.QueueConsumer("default")); err != nil {
@@ -291,7 +291,7 @@ func TestPullingResumesSoonAfterAMissingConsumerReturns(t *testing.T) {
 	logs := fleettest.NewLogs()
 	env := fleettest.NewEnv(t, f.srv, f.env.Base.Topology)
 	env.Logger = logs.Wrap(env.Logger)
-	a, err := agent.New(agent.Config{FetchMaxWait: 2 * time.Second}, env.Env)
+	a, err := agent.New(env.Env.Conn, agent.Config{FetchMaxWait: 2 * time.Second}, agent.WithEnv(env.Env))
 	require.NoError(t, err)
 	started := make(chan time.Time, 1)
 	must(t, a.Register("work", func(context.Context, *agent.Job) error {

@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/jetfleet/jetfleet/pkg/agent"
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
@@ -27,13 +26,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// The embedded server and the nats.go client keep background goroutines
-		// until their last references go; they are not ours.
-		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).syncBlocks"),
-		goleak.IgnoreAnyFunction("go.opencensus.io/stats/view.(*worker).start"),
-	)
+	natstest.VerifyNoLeaks(m)
 }
 
 type fixture struct {
@@ -56,7 +49,7 @@ func setup(t *testing.T, topo topology.Config) *fixture {
 func (f *fixture) startAgent(t *testing.T, cfg agent.Config, register func(a *agent.Agent)) *agent.Agent {
 	t.Helper()
 	env := fleettest.NewEnv(t, f.srv, f.env.Base.Topology)
-	a, err := agent.New(cfg, env.Env)
+	a, err := agent.New(env.Env.Conn, cfg, agent.WithEnv(env.Env))
 	require.NoError(t, err)
 	register(a)
 	require.NoError(t, a.Start(fleettest.Ctx(t, 10*time.Second)))
@@ -586,7 +579,7 @@ func TestGracefulStopHandsBackRunningJobsAtOnce(t *testing.T) {
 	f := setup(t, topology.Config{Queues: map[string]topology.QueueConfig{"default": {AckWait: time.Minute}}})
 	startedOnFirst := make(chan string, 10)
 	env := fleettest.NewEnv(t, f.srv, f.env.Base.Topology)
-	first, err := agent.New(agent.Config{ID: "first", Concurrency: 5}, env.Env)
+	first, err := agent.New(env.Env.Conn, agent.Config{ID: "first", Concurrency: 5}, agent.WithEnv(env.Env))
 	require.NoError(t, err)
 	must(t, first.Register("stubborn", func(ctx context.Context, job *agent.Job) error {
 		startedOnFirst <- job.ID
@@ -634,7 +627,7 @@ func TestTraceContinuesPublisherSpan(t *testing.T) {
 	t.Parallel()
 	f := setup(t, topology.Config{})
 	env := fleettest.NewEnv(t, f.srv, f.env.Base.Topology)
-	a, err := agent.New(agent.Config{}, env.Env)
+	a, err := agent.New(env.Env.Conn, agent.Config{}, agent.WithEnv(env.Env))
 	require.NoError(t, err)
 	must(t, a.Register("echo", func(context.Context, *agent.Job) error { return nil }, agent.KindOptions{}))
 	require.NoError(t, a.Start(fleettest.Ctx(t, 10*time.Second)))
@@ -660,11 +653,11 @@ func TestTraceContinuesPublisherSpan(t *testing.T) {
 func TestStartFailsWithoutKinds(t *testing.T) {
 	t.Parallel()
 	f := setup(t, topology.Config{})
-	a, err := agent.New(agent.Config{}, f.env.Env)
+	a, err := agent.New(f.env.Env.Conn, agent.Config{}, agent.WithEnv(f.env.Env))
 	require.NoError(t, err)
 	assert.ErrorContains(t, a.Start(context.Background()), "no job kinds")
 	require.NoError(t, a.Stop(context.Background()))
-	_, err = agent.New(agent.Config{Concurrency: -1, Queues: []string{"a.b"}}, f.env.Env)
+	_, err = agent.New(f.env.Env.Conn, agent.Config{Concurrency: -1, Queues: []string{"a.b"}}, agent.WithEnv(f.env.Env))
 	assert.ErrorContains(t, err, "agent.concurrency")
 	assert.ErrorContains(t, err, "agent.queues")
 }
@@ -681,7 +674,7 @@ func TestMetricsCountJobsByOutcome(t *testing.T) {
 	other.Telemetry = shared.Telemetry
 	entered, release := make(chan struct{}, 2), make(chan struct{})
 	for i, env := range []*service.Env{shared.Env, &other} {
-		a, err := agent.New(agent.Config{ID: fmt.Sprintf("metrics-%d", i), Concurrency: 1}, env)
+		a, err := agent.New(env.Conn, agent.Config{ID: fmt.Sprintf("metrics-%d", i), Concurrency: 1}, agent.WithEnv(env))
 		require.NoError(t, err)
 		must(t, a.Register("block", func(ctx context.Context, _ *agent.Job) error {
 			entered <- struct{}{}
@@ -753,4 +746,55 @@ func TestMetricsCountJobsByOutcome(t *testing.T) {
 		running, ok := metric("jetfleet_agent_jobs_running", map[string]string{"queue": "default", "kind": "block"})
 		return ok && running == 0
 	}, 10*time.Second, 10*time.Millisecond, "back to 0 and still reported")
+}
+
+// TestCancelWhileWaitingForTheKindsSlotIsNoSuccess: a job waiting for its
+// kind's concurrency slot is cancelled before its handler ever runs. It
+// ends cancelled and dead-lettered — never recorded as succeeded — and the
+// agent answers the supervisor's ping as a known command.
+func TestCancelWhileWaitingForTheKindsSlotIsNoSuccess(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	release := make(chan struct{})
+	defer close(release)
+	var ran atomic.Int32
+	a := f.startAgent(t, agent.Config{Concurrency: 4}, func(a *agent.Agent) {
+		must(t, a.Register("single", func(ctx context.Context, job *agent.Job) error {
+			ran.Add(1)
+			<-release
+			return nil
+		}, agent.KindOptions{Concurrency: 1}))
+	})
+	send := func(cmd *jetfleetpb.AgentCommand) error {
+		data, err := protocol.Marshal(cmd)
+		require.NoError(t, err)
+		reply, err := f.nc.Request(protocol.ControlSubject(a.ID()), data, 5*time.Second)
+		require.NoError(t, err)
+		var doc jetfleetpb.Error
+		require.NoError(t, protocol.Unmarshal(reply.Data, &doc))
+		return protocol.FromDoc(&doc)
+	}
+	require.NoError(t, send(&jetfleetpb.AgentCommand{Action: protocol.CommandPing}), "ping is a known command")
+
+	fleettest.Publish(t, f.js, protocol.Job{ID: "holder", Queue: "default", Kind: "single"})
+	require.Eventually(t, func() bool { return ran.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
+	fleettest.Publish(t, f.js, protocol.Job{ID: "waiter", Queue: "default", Kind: "single"})
+	require.Eventually(t, func() bool {
+		return send(&jetfleetpb.AgentCommand{Action: protocol.CommandCancel, JobId: "waiter"}) == nil
+	}, 10*time.Second, 10*time.Millisecond, "the waiting job is held by the agent")
+
+	dead := f.events.WaitFor(t, 10*time.Second, "waiter", protocol.EventDead)
+	assert.Equal(t, protocol.ReasonCancelled, dead.GetReason())
+	assert.Zero(t, countEvents(f.events, "waiter", protocol.EventSucceeded), "a job that never ran succeeded")
+	assert.Equal(t, int32(1), ran.Load(), "the cancelled job's handler ran")
+}
+
+func countEvents(e *fleettest.Events, jobID, typ string) int {
+	n := 0
+	for _, ev := range e.All() {
+		if ev.GetJobId() == jobID && ev.GetType() == typ {
+			n++
+		}
+	}
+	return n
 }

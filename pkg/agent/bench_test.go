@@ -103,7 +103,7 @@ func BenchmarkDrain(b *testing.B) {
 		prefill(b, env.JetStream, b.N)
 		var handled atomic.Int64
 		done := make(chan struct{})
-		a, err := agent.New(agent.Config{Concurrency: benchConcurrency}, env.Env)
+		a, err := agent.New(env.Env.Conn, agent.Config{Concurrency: benchConcurrency}, agent.WithEnv(env.Env))
 		if err != nil {
 			b.Fatal(err)
 		}

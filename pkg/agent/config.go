@@ -45,6 +45,13 @@ type Config struct {
 	// jobs. Defaults to 1s; a negative value publishes every started event
 	// at once.
 	StartedEventAfter time.Duration `koanf:"started_event_after"`
+	// MaxUnconfirmed bounds the finished jobs whose outcome event the server
+	// has not confirmed yet: a job is acked only once its outcome is stored,
+	// and past this many the agent keeps a finished job's slot until its
+	// outcome is, so it pulls fewer jobs while the server is slow (every
+	// write synced, a busy disk) instead of piling up events it cannot store
+	// in time. Defaults to 1000.
+	MaxUnconfirmed int `koanf:"max_unconfirmed"`
 	// Middleware runs around every handler, inside Timeout and outside Recover.
 	Middleware []Middleware `koanf:"-"`
 }
@@ -96,6 +103,7 @@ const (
 	DefaultTimeout           = 30 * time.Minute
 	DefaultFetchMaxWait      = time.Second
 	DefaultStartedEventAfter = time.Second
+	DefaultMaxUnconfirmed    = 1000
 	DefaultQueue             = "default"
 )
 
@@ -124,6 +132,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.StartedEventAfter == 0 {
 		c.StartedEventAfter = DefaultStartedEventAfter
+	}
+	if c.MaxUnconfirmed == 0 {
+		c.MaxUnconfirmed = DefaultMaxUnconfirmed
 	}
 	c.Retry = c.Retry.WithDefaults()
 	return c
@@ -160,6 +171,9 @@ func (c Config) Validate(section string) error {
 	}
 	if c.OutputTail < 0 || c.OutputTail > MaxOutputTail {
 		errs = append(errs, config.Invalid(key("output_tail"), "must be 0 to %s (it travels in events and dead letters), got %s", config.ByteSize(MaxOutputTail), c.OutputTail))
+	}
+	if c.MaxUnconfirmed < 0 {
+		errs = append(errs, config.Invalid(key("max_unconfirmed"), "must be at least 1, got %d", c.MaxUnconfirmed))
 	}
 	errs = append(errs, c.Retry.Validate(key("retry")))
 	return errors.Join(errs...)

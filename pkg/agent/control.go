@@ -27,6 +27,8 @@ func (a *Agent) handleControl(m *nats.Msg) {
 		return
 	}
 	switch cmd.GetAction() {
+	case protocol.CommandPing:
+		reply(nil) // the supervisor asks whether a silent agent is alive
 	case protocol.CommandCancel, protocol.CommandTimeout:
 		// A job whose answer is decided (its event published, its ack or
 		// NAK on the way) is no longer running, though the agent still

@@ -2,6 +2,22 @@
 // kind, start an Agent, and it pulls jobs from JetStream, runs them with
 // timeouts, retries and heartbeats, and records every step.
 //
+// # Getting started
+//
+// New makes an agent on a NATS connection, for the queues of its Config;
+// options add a logger, telemetry and the fleet's topology settings. A
+// handler is registered per job kind: AddHandler takes the kind from the
+// job's args type (jetfleet.Args, which jetfleet.Client.Enqueue takes) and
+// decodes each payload into it; Register takes a plain Handler and a kind
+// name. Start begins pulling; Stop drains gracefully: it stops pulling,
+// lets running jobs finish within its context, hands the rest back for
+// immediate redelivery elsewhere, and waits for every outcome to be stored.
+// The examples of package jetfleet run an agent end to end.
+//
+// Delivery is at least once: make side effects idempotent with
+// Job.IdempotencyKey, the same on every delivery of the job's message
+// (docs/agent.md explains when a job runs twice).
+//
 // # Outcomes
 //
 // What a handler returns decides what happens to the job, in exactly one

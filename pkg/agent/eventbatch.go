@@ -239,7 +239,7 @@ func (b *eventBatches) receive(m *nats.Msg) {
 			"batch", id, "events", len(lost))
 	}
 	for _, e := range stored {
-		e.finish()
+		e.finish(true)
 	}
 	for _, e := range lost {
 		e.answered(nil, errBatchNotStored)

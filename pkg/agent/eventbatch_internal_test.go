@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"hash/crc32"
 	"testing"
 	"time"
 
@@ -137,8 +138,12 @@ func startBatchingRecorder(t *testing.T, nc *nats.Conn, js jetstream.JetStream) 
 	return r, b
 }
 
+// succeededEvent is the succeeded event of the first delivery of job id; its
+// stream sequence is made from the id, so each job has its own message id.
 func succeededEvent(jobID string) *jetfleetpb.JobEvent {
-	return &jetfleetpb.JobEvent{Type: protocol.EventSucceeded, JobId: jobID, Queue: "default", Kind: "echo", Attempt: 1}
+	seq := crc32.ChecksumIEEE([]byte(jobID)) | 1
+	return &jetfleetpb.JobEvent{Type: protocol.EventSucceeded, JobId: jobID, Queue: "default", Kind: "echo", Attempt: 1,
+		StreamSequence: uint64(seq), Delivered: 1}
 }
 
 // pendingFor makes the pending event r would publish for ev, counted in
@@ -158,4 +163,36 @@ func eventsStored(t *testing.T, js jetstream.JetStream) *jetstream.StreamInfo {
 	s, err := js.Stream(fleettest.Ctx(t, 5*time.Second), protocol.StreamEvents)
 	require.NoError(t, err)
 	return s.CachedInfo()
+}
+
+// TestResentEventsAreStoredOnce: a batch is stored but its answers never
+// reach the agent, which sends its events again one by one; some events
+// were even stored before the batch. Every event carries its own message
+// id, so the stream keeps each once.
+func TestResentEventsAreStoredOnce(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Server(t)
+	nc, js := natstest.JetStream(t, srv)
+	ctx := fleettest.Ctx(t, 30*time.Second)
+	require.NoError(t, topology.Ensure(ctx, js, topology.Config{}))
+	r, b := startBatchingRecorder(t, nc, js)
+	b.window = time.Hour // one batch, committed below
+
+	const n = 100
+	for i := range 10 { // stored before, one by one
+		require.NoError(t, r.eventNow(ctx, succeededEvent(fmt.Sprintf("j-%d", i))))
+	}
+	require.NoError(t, b.sub.Unsubscribe()) // the batch's answers are lost
+	for i := range n {
+		r.event(succeededEvent(fmt.Sprintf("j-%d", i)))
+	}
+	b.commitNow()
+	require.Eventually(t, func() bool { return eventsStored(t, js).State.Msgs >= n }, 10*time.Second, 10*time.Millisecond,
+		"the batch is stored")
+	b.expire(time.Now().Add(2 * asyncTimeout)) // unanswered: sent again one by one
+	require.NoError(t, r.flush(ctx))
+
+	info := eventsStored(t, js)
+	assert.Equal(t, uint64(n), info.State.NumSubjects)
+	assert.Equal(t, uint64(n), info.State.Msgs, "a resent event was stored twice")
 }

@@ -4,27 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 	"github.com/jetfleet/jetfleet/pkg/telemetry"
 )
-
-// passOnDelay is how soon a job of a kind this agent does not run is offered
-// again, to the agents that do.
-const passOnDelay = 500 * time.Millisecond
-
-// invalidKind stands in for the kind of a message whose subject has none.
-const invalidKind = "_invalid"
 
 // execution is one delivery of a job on this agent.
 type execution struct {
@@ -44,6 +33,13 @@ type execution struct {
 	snoozes uint32
 	// startedEvent is set once the started event is published.
 	startedEvent atomic.Bool
+	// awaitsOutcome is set (by the job's goroutine) when the job's answer
+	// waits for its outcome event to be stored; the confirmation, not the
+	// goroutine, then gives its slot back.
+	awaitsOutcome bool
+	// answerSent is set by whoever sends the job's final answer after its
+	// outcome: the confirmation, or a stopping agent handing it back.
+	answerSent atomic.Bool
 
 	mu           sync.Mutex
 	started      time.Time
@@ -51,18 +47,6 @@ type execution struct {
 	deadline     time.Time
 	attempt      int
 	lastProgress time.Time
-}
-
-// progress reports the job in progress unless it has been answered: a +WPI
-// after a delayed NAK would replace the delay with a full AckWait.
-func (ex *execution) progress() error {
-	ex.mu.Lock()
-	defer ex.mu.Unlock()
-	if ex.settled.Load() {
-		return nil
-	}
-	ex.lastProgress = time.Now()
-	return ex.msg.InProgress()
 }
 
 // claim marks the execution settled; only the first caller acts on the
@@ -106,7 +90,7 @@ func (a *Agent) process(q *queueState, msg *delivery, reserved bool) {
 		parsed.ID = protocol.FallbackJobID(meta.StreamSequence)
 	}
 	if parsed.Queue == "" {
-		parsed.Queue, parsed.Kind = q.name, invalidKind
+		parsed.Queue, parsed.Kind = q.name, protocol.InvalidToken
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
@@ -126,14 +110,24 @@ func (a *Agent) process(q *queueState, msg *delivery, reserved bool) {
 	if !reserved {
 		ex.slot.Do(func() {}) // no slot to give back
 	}
-	defer a.freeSlot(ex)
+	defer func() {
+		if !ex.awaitsOutcome {
+			a.freeSlot(ex)
+		}
+	}()
 	a.track(ex)
 	defer a.untrack(ex)
 	a.kickHeartbeat()
 
-	if a.releasing.Load() {
+	switch {
+	case !reserved:
+		// A late answer to a pull request counted lost: running it would
+		// exceed the agent's concurrency. Hand it back at once.
+		a.noSlot.Add(ctx, 1)
+		ex.cancel(errNoSlot)
+	case a.releasing.Load():
 		// Delivered while a stopping agent hands jobs back: do not start it.
-		ex.cancel(errReleased)
+		ex.cancel(errStopping)
 	}
 	_ = a.execute(WithJob(ctx, job), job) // the outcome is settled inside; the error is for the middleware
 }
@@ -143,77 +137,11 @@ func (a *Agent) freeSlot(ex *execution) {
 	ex.slot.Do(func() { a.releaseSlots(1) })
 }
 
-// progressLoop tells JetStream that running jobs are still being worked
-// on, once a third of their queue's AckWait has passed since the last time,
-// so a job may run far longer than AckWait without being redelivered. It
-// also publishes the started event of jobs running longer than
-// started_event_after.
-func (a *Agent) progressLoop(ctx context.Context) {
-	interval := a.cfg.StartedEventAfter / 2
-	for _, q := range a.queues {
-		interval = min(interval, q.ackWait/6)
-	}
-	t := time.NewTicker(max(interval, 50*time.Millisecond))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		now := time.Now()
-		a.mu.Lock()
-		running := make([]*execution, 0, len(a.inflight))
-		for _, ex := range a.inflight {
-			running = append(running, ex)
-		}
-		a.mu.Unlock()
-		var started []*execution
-		for _, ex := range running {
-			ex.mu.Lock()
-			// Checked and sent under ex.mu: claim waits for it, so no
-			// +WPI follows the job's answer.
-			if !ex.settled.Load() && now.Sub(ex.lastProgress) >= ex.queue.ackWait/3 {
-				ex.lastProgress = now
-				if err := ex.msg.InProgress(); err != nil {
-					a.logger.Warn("progress report failed", telemetry.LogJobID, ex.job.ID, telemetry.LogError, err)
-				}
-			}
-			if ex.running && !ex.settled.Load() && now.Sub(ex.started) >= a.cfg.StartedEventAfter && !ex.startedEvent.Load() {
-				started = append(started, ex)
-			}
-			ex.mu.Unlock()
-		}
-		for _, ex := range started {
-			a.publishStarted(ex)
-		}
-	}
-}
-
-// publishStarted publishes the started event of ex, once, unless the job
-// has been answered already.
-// It is published under ex.mu, which claim waits for, so it never follows
-// the job's terminal event (the latest event is the job's status).
-func (a *Agent) publishStarted(ex *execution) {
-	ex.mu.Lock()
-	defer ex.mu.Unlock()
-	if ex.settled.Load() || !ex.startedEvent.CompareAndSwap(false, true) {
-		return
-	}
-	a.recorder.event(a.event(ex, protocol.EventStarted))
-}
-
 // run is the innermost execution step, inside tracing, logging and metrics:
 // it checks the message, reads what earlier deliveries left, runs the kind's
 // handler chain and settles the outcome.
 func (a *Agent) run(ctx context.Context, job *Job) error {
 	ex := job.ex
-	if errors.Is(context.Cause(ctx), errReleased) {
-		if ex.claim() {
-			a.release(ctx, ex)
-		}
-		return errReleased
-	}
 	if ex.parseErr != nil {
 		return a.refuse(ctx, ex, protocol.ReasonInvalidHeaders, protocol.CodeInvalidHeaders, ex.parseErr)
 	}
@@ -227,7 +155,9 @@ func (a *Agent) run(ctx context.Context, job *Job) error {
 	// attempts: the job's events about this message tell.
 	var past history
 	if job.Delivered > 1 {
-		past = a.history(ctx, job, ex.seq)
+		// Not ctx: a job handed back before it starts (its context already
+		// ended) still needs its snoozes, to count one more.
+		past = a.history(context.WithoutCancel(ctx), job, ex.seq)
 	}
 	ex.snoozes = past.snoozes
 	switch {
@@ -255,6 +185,14 @@ func (a *Agent) run(ctx context.Context, job *Job) error {
 		return err
 	}
 
+	if cause := context.Cause(ctx); errors.Is(cause, errReleased) {
+		// Handed back before it started (after reading its snoozes: the
+		// released event counts one more).
+		if ex.claim() {
+			a.release(ctx, ex, cause)
+		}
+		return cause
+	}
 	k := a.kinds[job.Kind]
 	if k == nil {
 		if other := a.fleet.runnerOf(job.Queue, job.Kind); other != "" {
@@ -304,8 +242,14 @@ func (a *Agent) run(ctx context.Context, job *Job) error {
 	var err error
 	if ctx.Err() == nil {
 		err = k.handler(ctx, job)
+	} else {
+		// Cancelled, timed out or handed back before the handler started
+		// (while waiting for the kind's slot): it did not succeed.
+		err = context.Cause(ctx)
 	}
-	a.freeSlot(ex) // the work is done; the next job may come while this one settles
+	if !a.backedUp() {
+		a.freeSlot(ex) // the work is done; the next job may come while this one settles
+	}
 	cause := context.Cause(ctx)
 	if ctx.Err() == nil {
 		cause = nil
@@ -322,242 +266,6 @@ func (a *Agent) run(ctx context.Context, job *Job) error {
 	}
 	a.settle(ctx, ex, v, err, time.Since(start))
 	return err
-}
-
-// settle applies a verdict to the message and records it.
-func (a *Agent) settle(ctx context.Context, ex *execution, v verdict, err error, took time.Duration) {
-	job := &ex.job
-	job.outcome, job.errorCode = v.event, v.code
-	if v.action == actDeadLetter {
-		a.deadLetter(ctx, ex, v, err, took)
-		return
-	}
-	ev := a.event(ex, v.event)
-	ev.Duration = durationpb.New(took)
-	ev.OutputTail = job.output.String()
-	if err != nil {
-		ev.Error, ev.ErrorCode = protocol.TruncateError(err.Error()), v.code
-	}
-
-	switch v.action {
-	case actAck:
-		// The event goes out first: if the ack is lost, the redelivery finds
-		// "succeeded" and is acked without running again.
-		a.recorder.event(ev)
-		a.ack(ex)
-	case actRetry:
-		ev.RetryIn = durationpb.New(v.delay)
-		a.recorder.event(ev)
-		if nakErr := ex.msg.NakWithDelay(v.delay); nakErr != nil {
-			a.logger.Warn("nak failed; JetStream redelivers after AckWait", telemetry.LogJobID, job.ID, telemetry.LogError, nakErr)
-		}
-	case actSnooze:
-		ev.RetryIn = durationpb.New(v.delay)
-		a.handBack(ctx, ex, ev, v.delay)
-	case actRelease:
-		a.release(ctx, ex)
-	}
-}
-
-// ack acks the job's message as a request, so the server confirms it
-// stored the ack (a double ack); the confirmation is checked as it arrives,
-// without holding the job's goroutine (see replies).
-func (a *Agent) ack(ex *execution) {
-	msg := &nats.Msg{Subject: ex.msg.Reply(), Data: ackBody}
-	if err := a.replies.send(msg, (*unconfirmedAck)(ex)); err != nil {
-		a.logger.Warn("ack not sent; JetStream delivers the job again and the redelivery is skipped", telemetry.LogJobID, ex.job.ID, telemetry.LogError, err)
-	}
-}
-
-var ackBody = []byte(protocol.AckBody)
-
-// unconfirmedAck is an execution whose ack awaits the server's confirmation.
-type unconfirmedAck execution
-
-func (u *unconfirmedAck) answered(_ []byte, err error) {
-	if err != nil {
-		u.agent.logger.Warn("ack not confirmed; a redelivery will be skipped", telemetry.LogJobID, u.job.ID, telemetry.LogError, err)
-	}
-}
-
-// handBack returns the job to JetStream after delay without spending an
-// attempt. Its event counts one more snooze and is stored before the NAK,
-// so the next delivery counts attempts right.
-func (a *Agent) handBack(ctx context.Context, ex *execution, ev *jetfleetpb.JobEvent, delay time.Duration) {
-	ev.Snoozes = ex.snoozes + 1
-	writeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if err := a.recorder.eventNow(writeCtx, ev); err != nil {
-		a.logger.Warn("event not stored before hand-back; the next delivery counts an attempt", telemetry.LogJobID, ex.job.ID,
-			"event", ev.GetType(), telemetry.LogError, err)
-	}
-	if err := ex.msg.NakWithDelay(delay); err != nil {
-		a.logger.Warn("nak failed; JetStream redelivers after AckWait", telemetry.LogJobID, ex.job.ID, telemetry.LogError, err)
-	}
-}
-
-// release hands a job of a stopping agent back for immediate redelivery.
-func (a *Agent) release(ctx context.Context, ex *execution) {
-	ex.job.outcome = protocol.EventReleased
-	ev := a.event(ex, protocol.EventReleased)
-	ev.Reason = "agent stopping"
-	a.handBack(ctx, ex, ev, 0)
-}
-
-// passOn hands a job of a kind this agent does not run back, for an agent
-// that does.
-func (a *Agent) passOn(ctx context.Context, ex *execution, other string) error {
-	ex.job.outcome = protocol.EventReleased
-	if !ex.claim() {
-		return nil
-	}
-	ev := a.event(ex, protocol.EventReleased)
-	ev.Reason = "kind " + ex.job.Kind + " is run by agent " + other
-	a.handBack(ctx, ex, ev, passOnDelay)
-	return nil
-}
-
-// skipDuplicate acks a redelivered job whose earlier attempt succeeded.
-func (a *Agent) skipDuplicate(ctx context.Context, ex *execution) error {
-	ex.job.outcome = protocol.EventSkippedDuplicate
-	if !ex.claim() {
-		return nil
-	}
-	ev := a.event(ex, protocol.EventSkippedDuplicate)
-	ev.Reason = "an earlier delivery already succeeded"
-	a.recorder.event(ev)
-	a.ack(ex)
-	return nil
-}
-
-// refuse dead-letters a job without running it.
-func (a *Agent) refuse(ctx context.Context, ex *execution, reason, code string, err error) error {
-	if !ex.claim() {
-		return err
-	}
-	ex.job.outcome, ex.job.errorCode = protocol.EventFailed, code
-	a.deadLetter(ctx, ex, verdict{action: actDeadLetter, reason: reason, code: code, event: protocol.EventFailed}, err, 0)
-	return err
-}
-
-// deadLetter copies the job to the DLQ stream, then terminates it: TERM
-// deletes the message from the work queue, so the copy must be stored first.
-func (a *Agent) deadLetter(ctx context.Context, ex *execution, v verdict, cause error, took time.Duration) {
-	job := &ex.job
-	output := job.output.String()
-	dl := &jetfleetpb.DeadLetter{
-		JobId: job.ID, Queue: job.Queue, Kind: job.Kind, Reason: v.reason, Attempts: uint32(max(job.Attempt, int(job.Delivered)-int(ex.snoozes))),
-		ErrorCode: v.code, OriginalSubject: ex.msg.Subject(), OriginalStream: protocol.StreamJobs, OriginalSequence: ex.seq,
-		Headers: protocol.HeadersDoc(job.Headers), Payload: job.Payload, FailedAt: timestamppb.Now(), AgentId: a.cfg.ID,
-		TraceId: job.TraceID, OutputTail: output,
-	}
-	if cause != nil {
-		dl.LastError = protocol.TruncateError(cause.Error())
-	}
-	msg, err := protocol.DeadLetterMsg(dl)
-	if err == nil {
-		pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		_, err = a.js.PublishMsg(pubCtx, msg)
-		cancel()
-	}
-	if err != nil {
-		// Without the copy the job must not be terminated. Store the
-		// verdict, so the next delivery dead-letters without running the
-		// job again, and try again then.
-		a.logger.Error("dead letter not stored; the job will be delivered again", telemetry.LogJobID, job.ID, telemetry.LogError, err)
-		verdictEv := a.event(ex, v.event)
-		verdictEv.Reason, verdictEv.ErrorCode, verdictEv.Duration = v.reason, v.code, durationpb.New(took)
-		if cause != nil {
-			verdictEv.Error = dl.GetLastError()
-		}
-		writeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		if werr := a.recorder.eventNow(writeCtx, verdictEv); werr != nil {
-			a.logger.Warn("verdict not stored either; the next delivery runs the job again", telemetry.LogJobID, job.ID, telemetry.LogError, werr)
-		}
-		cancel()
-		_ = ex.msg.NakWithDelay(5 * time.Second)
-		return
-	}
-	if err := ex.msg.TermWithReason(v.reason); err != nil {
-		a.logger.Warn("term failed; the supervisor dead-letters the job again with the same id", telemetry.LogJobID, job.ID, telemetry.LogError, err)
-	}
-	for _, typ := range []string{v.event, protocol.EventDead} {
-		ev := a.event(ex, typ)
-		ev.Reason, ev.ErrorCode, ev.Duration, ev.OutputTail = v.reason, v.code, durationpb.New(took), output
-		ev.Error = dl.GetLastError()
-		a.recorder.event(ev)
-	}
-}
-
-// history is what a job's events say about earlier deliveries of one message.
-type history struct {
-	// succeeded: an earlier delivery succeeded (its ack was lost).
-	succeeded bool
-	// dead: the job's dead letter is stored (the TERM after it was lost).
-	dead bool
-	// verdict is a failed or cancelled event whose dead letter is missing.
-	verdict *jetfleetpb.JobEvent
-	// snoozes counts deliveries that spent no attempt.
-	snoozes uint32
-	// lastError of the latest failed attempt.
-	lastError string
-}
-
-// historyTypes are the event types history reads: one direct get each, on
-// the type's own subject, so no event arriving out of order can hide one.
-var historyTypes = []string{
-	protocol.EventSucceeded, protocol.EventSkippedDuplicate, protocol.EventFailed, protocol.EventCancelled,
-	protocol.EventDead, protocol.EventSnoozed, protocol.EventReleased, protocol.EventRetrying,
-}
-
-// history reads the job's latest event of each kind that matters, keeping
-// those about this message (seq).
-func (a *Agent) history(ctx context.Context, job *Job, seq uint64) history {
-	getCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	latest := make([]*jetfleetpb.JobEvent, len(historyTypes))
-	var wg sync.WaitGroup
-	for i, typ := range historyTypes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			m, err := a.events.GetLastMsgForSubject(getCtx, protocol.JobEventSubject(job.Queue, job.Kind, typ, job.ID))
-			if err != nil {
-				if !errors.Is(err, jetstream.ErrMsgNotFound) {
-					a.logger.Warn("job events unreadable; treating the redelivery as new", telemetry.LogJobID, job.ID, telemetry.LogError, err)
-				}
-				return
-			}
-			var ev jetfleetpb.JobEvent
-			if err := protocol.Unmarshal(m.Data, &ev); err != nil || ev.GetStreamSequence() != seq {
-				return // undecodable, or about another message with the same job id
-			}
-			latest[i] = &ev
-		}()
-	}
-	wg.Wait()
-	var h history
-	var lastFailure time.Time
-	for i, ev := range latest {
-		if ev == nil {
-			continue
-		}
-		h.snoozes = max(h.snoozes, ev.GetSnoozes())
-		switch historyTypes[i] {
-		case protocol.EventSucceeded, protocol.EventSkippedDuplicate:
-			h.succeeded = true
-		case protocol.EventDead:
-			h.dead = true
-		case protocol.EventFailed, protocol.EventCancelled:
-			if latest[slices.Index(historyTypes, protocol.EventDead)] == nil {
-				h.verdict = ev
-			}
-		}
-		if ev.GetError() != "" && ev.GetTime().AsTime().After(lastFailure) {
-			lastFailure, h.lastError = ev.GetTime().AsTime(), ev.GetError()
-		}
-	}
-	return h
 }
 
 // event starts a job event with the fields every event has. The execution's

@@ -114,11 +114,7 @@ func (f *fleetView) runnerOf(queue, kind string) string {
 	defer f.mu.Unlock()
 	for id, reg := range f.agents {
 		hb := reg.hb
-		if id == f.self || hb.GetDraining() {
-			continue
-		}
-		// The bucket's TTL has not dropped a stale entry yet.
-		if f.serverNow.Sub(reg.stored) > 3*max(hb.GetInterval().AsDuration(), time.Second) {
+		if id == f.self || !protocol.RegistrationLive(hb, reg.stored, f.serverNow) {
 			continue
 		}
 		if slices.Contains(hb.GetQueues(), queue) && (len(hb.GetKinds()) == 0 || slices.Contains(hb.GetKinds(), kind)) {

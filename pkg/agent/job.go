@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/jetfleet/jetfleet/pkg/protocol"
 )
 
 // Job is what a handler gets: the message and what the agent knows about
@@ -44,6 +46,16 @@ type Job struct {
 	// "_unknown", so strangers cannot grow the label set without bound).
 	registered bool
 }
+
+// IdempotencyKey identifies this run of the job across all its deliveries
+// and attempts (protocol.IdempotencyKey: job id and stream sequence). Key
+// side effects by it: delivery is at least once, and a job whose handler
+// finished just before its agent died runs again (docs/agent.md).
+func (j *Job) IdempotencyKey() string { return protocol.IdempotencyKey(j.ID, j.StreamSequence) }
+
+// AttemptKey identifies this attempt: the IdempotencyKey and the attempt
+// number (protocol.AttemptKey).
+func (j *Job) AttemptKey() string { return protocol.AttemptKey(j.ID, j.StreamSequence, j.Attempt) }
 
 // Outcome is the event type the attempt ended with (succeeded, retrying,
 // snoozed, failed, cancelled, skipped_duplicate), or "" while it runs.

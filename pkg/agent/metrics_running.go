@@ -21,6 +21,11 @@ func (a *Agent) runningMetric() (metric.Registration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("metric jetfleet.agent.jobs.running: %w", err)
 	}
+	unconfirmed, err := meter.Int64ObservableUpDownCounter("jetfleet.agent.jobs.unconfirmed",
+		metric.WithDescription("Finished jobs whose outcome event the server has not confirmed yet (their ack waits for it)"))
+	if err != nil {
+		return nil, fmt.Errorf("metric jetfleet.agent.jobs.unconfirmed: %w", err)
+	}
 	return meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		type series struct{ queue, kind string }
 		counts := map[series]int64{}
@@ -37,6 +42,9 @@ func (a *Agent) runningMetric() (metric.Registration, error) {
 		for s, n := range counts {
 			o.ObserveInt64(running, n, metric.WithAttributes(attribute.String("queue", s.queue), attribute.String("kind", s.kind)))
 		}
+		a.awaitMu.Lock()
+		o.ObserveInt64(unconfirmed, int64(len(a.awaiting)))
+		a.awaitMu.Unlock()
 		return nil
-	}, running)
+	}, running, unconfirmed)
 }

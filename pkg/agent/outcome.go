@@ -96,8 +96,16 @@ func (e *timeoutCommandError) Error() string {
 	return "timed out by the supervisor: " + e.reason
 }
 
-// errReleased is the cancel cause of jobs handed back by a stopping agent.
-var errReleased = errors.New("agent stopping: job handed back for redelivery")
+// errReleased is the cancel cause of jobs handed back without running to
+// the end: errStopping (the agent stops) or errNoSlot.
+var (
+	errReleased = errors.New("job handed back for redelivery")
+	errStopping = fmt.Errorf("agent stopping: %w", errReleased)
+	// errNoSlot: a delivery arrived for no free slot (a pull request counted
+	// lost answered after all, as after a reconnect); running it would
+	// exceed the agent's concurrency.
+	errNoSlot = fmt.Errorf("no free slot: %w", errReleased)
+)
 
 // action is what settle does with a finished attempt.
 type action int

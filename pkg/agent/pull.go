@@ -162,7 +162,7 @@ func (p *puller) receive(m *nats.Msg) {
 			}
 			p.requestLocked()
 		} else {
-			p.a.logger.Warn("job delivered for a request counted lost; it runs beyond the agent's concurrency", telemetry.LogQueue, p.q.name)
+			p.a.logger.Warn("job delivered for a request counted lost; no slot is free for it, so it is handed back", telemetry.LogQueue, p.q.name)
 		}
 		p.mu.Unlock()
 		p.a.startJob(p.q, newDelivery(p.a.nc, m), reserved)

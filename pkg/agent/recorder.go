@@ -21,7 +21,14 @@ import (
 // unanswered after asyncTimeout counts as failed) and sends a failed event
 // again, a few times, unless a newer event of the same job went out
 // meanwhile: a late resend would become the job's latest event and misstate
-// its status.
+// its status. Every event carries a Nats-Msg-Id of its own
+// (protocol.JobEventMsgID), so a resend of an event that was stored after
+// all (its answer was lost) is not stored twice. An event that still is not
+// confirmed after its tries is read back before it is called lost.
+//
+// A caller that must not go on before the event is stored — the ack of a
+// job after its outcome — passes a callback, told once whether the event
+// was stored.
 type recorder struct {
 	js      jetstream.JetStream // for events that must be stored before the caller goes on
 	replies *replies
@@ -57,10 +64,16 @@ type pendingEvent struct {
 	tries  int
 	job    string // job token
 	number uint64 // this event's number among the job's events
+	// then, when set, is told once whether the event was stored.
+	then func(stored bool)
 }
 
+// resendDelay is the wait before the try after try n: 100ms doubling, so
+// the tries of an event span about three seconds — a reconnection.
+func resendDelay(n int) time.Duration { return 100 * time.Millisecond << min(n-1, 5) }
+
 const (
-	maxEventTries = 5
+	maxEventTries = 6
 	// asyncTimeout bounds the wait for the server's answer to an event or
 	// an ack, so a lost answer (a stream leader change) is noticed.
 	asyncTimeout = 10 * time.Second
@@ -75,18 +88,30 @@ func eventMsg(ev *jetfleetpb.JobEvent) (*nats.Msg, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &nats.Msg{Subject: protocol.JobEventSubject(ev.GetQueue(), ev.GetKind(), ev.GetType(), ev.GetJobId()), Data: data}, nil
+	msg := &nats.Msg{Subject: protocol.JobEventSubject(ev.GetQueue(), ev.GetKind(), ev.GetType(), ev.GetJobId()), Data: data}
+	if id := protocol.JobEventMsgID(ev.GetType(), ev.GetStreamSequence(), ev.GetDelivered()); id != "" {
+		msg.Header = nats.Header{protocol.HeaderMsgID: {id}}
+	}
+	return msg, nil
 }
 
 // event publishes a job event without waiting.
-func (r *recorder) event(ev *jetfleetpb.JobEvent) {
+func (r *recorder) event(ev *jetfleetpb.JobEvent) { r.eventThen(ev, nil) }
+
+// eventThen publishes a job event without waiting; then, when set, is told
+// once whether it was stored (false: it could not be, or a newer event of
+// the job superseded it).
+func (r *recorder) eventThen(ev *jetfleetpb.JobEvent, then func(stored bool)) {
 	msg, err := eventMsg(ev)
 	if err != nil {
 		r.logger.Error("encode job event", telemetry.LogJobID, ev.GetJobId(), telemetry.LogError, err)
+		if then != nil {
+			then(false)
+		}
 		return
 	}
 	job := protocol.JobToken(ev.GetJobId())
-	r.publish(&pendingEvent{r: r, msg: msg, job: job, number: r.next(job)})
+	r.publish(&pendingEvent{r: r, msg: msg, job: job, number: r.next(job), then: then})
 }
 
 // eventNow publishes a job event and waits until it is stored, for events
@@ -144,6 +169,7 @@ func (r *recorder) publish(e *pendingEvent) {
 	if r.closed {
 		r.logger.Error("job event after the agent stopped; dropped", "subject", e.msg.Subject)
 		r.settle(e)
+		e.tell(false)
 		return
 	}
 	e.tries++
@@ -152,17 +178,24 @@ func (r *recorder) publish(e *pendingEvent) {
 		return
 	}
 	if err := r.replies.send(e.msg, e); err != nil {
-		r.logger.Error("publish job event", "subject", e.msg.Subject, telemetry.LogError, err)
-		r.settle(e)
-		r.inflight.Done()
+		// Not sent (disconnected): answered retries it like a refusal.
+		go e.answered(nil, err)
 	}
 }
 
 // finish settles an event that needs nothing more: stored, superseded by
 // a newer event of its job, or given up on.
-func (e *pendingEvent) finish() {
+func (e *pendingEvent) finish(stored bool) {
 	e.r.settle(e)
+	e.tell(stored)
 	e.r.inflight.Done()
+}
+
+// tell gives the event's callback its outcome.
+func (e *pendingEvent) tell(stored bool) {
+	if e.then != nil {
+		e.then(stored)
+	}
 }
 
 // answered checks the event's publish ack and sends a failed event again.
@@ -173,11 +206,11 @@ func (e *pendingEvent) answered(body []byte, err error) {
 	}
 	switch {
 	case err == nil:
-		e.finish()
+		e.finish(true)
 	case r.superseded(e):
 		r.logger.Warn("job event not stored; a newer event of the job went out, so it is not sent again",
 			"subject", e.msg.Subject, telemetry.LogError, err)
-		e.finish()
+		e.finish(false)
 	case e.tries < maxEventTries:
 		level := slog.LevelWarn
 		if errors.Is(err, errBatchNotStored) {
@@ -185,18 +218,39 @@ func (e *pendingEvent) answered(body []byte, err error) {
 		}
 		r.logger.Log(context.Background(), level, "job event not stored; sending again", "subject", e.msg.Subject, "try", e.tries, telemetry.LogError, err)
 		go func() {
-			time.Sleep(time.Duration(e.tries) * 100 * time.Millisecond) // back off before resending
+			time.Sleep(resendDelay(e.tries)) // back off before resending
 			if r.superseded(e) {
 				r.settle(e)
+				e.tell(false)
 			} else {
 				r.publish(e)
 			}
 			r.inflight.Done()
 		}()
+	case r.readBack(e):
+		r.logger.Info("job event stored although its answers were lost (read back)", "subject", e.msg.Subject, "tries", e.tries)
+		e.finish(true)
 	default:
-		r.logger.Error("job event lost after retries", "subject", e.msg.Subject, telemetry.LogError, err)
-		e.finish()
+		r.logger.Error("job event not stored after retries", "subject", e.msg.Subject, "tries", e.tries, telemetry.LogError, err)
+		e.finish(false)
 	}
+}
+
+// readBack reports whether e is stored after all: the last event on its
+// subject carries its message id.
+func (r *recorder) readBack(e *pendingEvent) bool {
+	id := e.msg.Header.Get(protocol.HeaderMsgID)
+	if id == "" {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), asyncTimeout)
+	defer cancel()
+	events, err := r.js.Stream(ctx, protocol.StreamEvents)
+	if err != nil {
+		return false
+	}
+	m, err := events.GetLastMsgForSubject(ctx, e.msg.Subject)
+	return err == nil && m.Header.Get(protocol.HeaderMsgID) == id
 }
 
 // flush waits until every event so far is confirmed or given up, or ctx ends.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jetfleet/jetfleet/pkg/clock"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/scheduler"
 	"github.com/jetfleet/jetfleet/pkg/service"
 	"github.com/jetfleet/jetfleet/pkg/topology"
@@ -66,9 +67,9 @@ func (b *bencher) failover(ctx context.Context, run int) error {
 		return err
 	}
 	defer fires.Stop()
-	if _, err := scheduler.NewClient(writer.Conn).Add(ctx, &scheduler.Schedule{ID: queue + "-tick",
-		Spec:   scheduler.Spec{Interval: &scheduler.Interval{Every: scheduler.Duration(time.Second)}},
-		Target: scheduler.Target{Queue: queue, Kind: kindTick}}); err != nil {
+	if _, err := jetfleet.NewClient(writer.Conn).AddSchedule(ctx, &jetfleet.Schedule{ID: queue + "-tick",
+		Spec:   jetfleet.Spec{Interval: &jetfleet.Interval{Every: jetfleet.Duration(time.Second)}},
+		Target: jetfleet.Target{Queue: queue, Kind: kindTick}}); err != nil {
 		return fmt.Errorf("add schedule: %w", err)
 	}
 	// Steady: two fires; then kill at the next one, a second before the one after.

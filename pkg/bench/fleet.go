@@ -115,7 +115,7 @@ func newAgents(rs *runServer, name, queue, kind string, k, c int, handler agent.
 		if err != nil {
 			return nil, err
 		}
-		a, err := agent.New(agent.Config{ID: id, Queues: []string{queue}, Concurrency: c}, env)
+		a, err := agent.New(env.Conn, agent.Config{ID: id, Queues: []string{queue}, Concurrency: c}, agent.WithEnv(env))
 		if err != nil {
 			return nil, err
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/jetfleet/jetfleet/pkg/bench/workload"
 	"github.com/jetfleet/jetfleet/pkg/clock"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/scheduler"
 	"github.com/jetfleet/jetfleet/pkg/topology"
@@ -138,8 +139,8 @@ func (b *bencher) idleHeap(ctx context.Context) (float64, error) {
 	}
 	if err := publish(ctx, writer.Conn, n, func(i int) *nats.Msg {
 		// A state as one fire ago leaves it.
-		data, _ := json.Marshal(scheduler.State{ScheduleID: ids[i], LastNominal: created, Fires: 1, UpdatedAt: created,
-			LastFire: &scheduler.Fire{JobID: fmt.Sprintf("sched.%s.%d", ids[i], created.Unix()), NominalTime: created, FiredAt: created}})
+		data, _ := json.Marshal(jetfleet.ScheduleState{ScheduleID: ids[i], LastNominal: created, Fires: 1, UpdatedAt: created,
+			LastFire: &jetfleet.ScheduleFire{JobID: fmt.Sprintf("sched.%s.%d", ids[i], created.Unix()), NominalTime: created, FiredAt: created}})
 		return &nats.Msg{Subject: "$KV." + protocol.BucketScheduleState + "." + ids[i], Data: data}
 	}); err != nil {
 		return 0, fmt.Errorf("write states: %w", err)
@@ -242,11 +243,11 @@ func gaugeValue(registry *prometheus.Registry, name string) (float64, error) {
 
 // OneShots returns n one-shot schedules due at at, named prefix + i,
 // publishing jobs of kind on queue, as created at now.
-func OneShots(prefix string, n int, at, now time.Time, queue, kind string) []*scheduler.Schedule {
-	out := make([]*scheduler.Schedule, n)
+func OneShots(prefix string, n int, at, now time.Time, queue, kind string) []*jetfleet.Schedule {
+	out := make([]*jetfleet.Schedule, n)
 	for i := range out {
-		out[i] = &scheduler.Schedule{ID: fmt.Sprintf("%s%d", prefix, i), Spec: scheduler.Spec{At: &at},
-			Target: scheduler.Target{Queue: queue, Kind: kind}, CreatedAt: now, EffectiveFrom: now}
+		out[i] = &jetfleet.Schedule{ID: fmt.Sprintf("%s%d", prefix, i), Spec: jetfleet.Spec{At: &at},
+			Target: jetfleet.Target{Queue: queue, Kind: kind}, CreatedAt: now, EffectiveFrom: now}
 	}
 	return out
 }
@@ -254,7 +255,7 @@ func OneShots(prefix string, n int, at, now time.Time, queue, kind string) []*sc
 // PutSchedules writes definitions straight into bucket schedules, as the
 // scheduler's API stores them, with asynchronous publishes on nc, and
 // returns once every write is acknowledged.
-func PutSchedules(ctx context.Context, nc *nats.Conn, defs []*scheduler.Schedule) error {
+func PutSchedules(ctx context.Context, nc *nats.Conn, defs []*jetfleet.Schedule) error {
 	docs := make([][]byte, len(defs))
 	for i, d := range defs {
 		var err error

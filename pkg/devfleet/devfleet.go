@@ -219,7 +219,7 @@ func (f *Fleet) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	if f.agent, err = agent.New(f.cfg.Agent, agentEnv); err != nil {
+	if f.agent, err = agent.New(agentEnv.Conn, f.cfg.Agent, agent.WithEnv(agentEnv)); err != nil {
 		return err
 	}
 	if err := demo.RegisterAll(f.agent, agentEnv.Logger); err != nil {
@@ -232,7 +232,20 @@ func (f *Fleet) Start(ctx context.Context) (err error) {
 		f.http.AddReadyCheck("supervisor", f.supervisor.Ready)
 	}
 	f.group = lifecycle.NewGroup("dev fleet", components...)
-	return f.group.Start(ctx)
+	if err := f.group.Start(ctx); err != nil {
+		return err
+	}
+	// Alone, the scheduler and the supervisor lead at once; a lease left by
+	// a dev fleet that was killed lives on for the lease TTL.
+	leadCtx, cancel := context.WithTimeout(ctx, 2*f.cfg.Topology.WithDefaults().LeaseTTL+5*time.Second)
+	defer cancel()
+	if err := f.scheduler.WaitLeading(leadCtx, true); err != nil {
+		return fmt.Errorf("the scheduler did not become leader: %w", err)
+	}
+	if err := f.supervisor.WaitLeading(leadCtx, true); err != nil {
+		return fmt.Errorf("the supervisor did not become leader: %w", err)
+	}
+	return nil
 }
 
 // Stop stops the components in reverse order, then the server, within ctx.

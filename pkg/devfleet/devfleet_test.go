@@ -13,20 +13,17 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
-	"go.uber.org/goleak"
 
 	"github.com/jetfleet/jetfleet/pkg/devfleet"
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
+	"github.com/jetfleet/jetfleet/pkg/natstest"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
-	"github.com/jetfleet/jetfleet/pkg/scheduler"
-	"github.com/jetfleet/jetfleet/pkg/supervisor"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).syncBlocks"),
-	)
+	natstest.VerifyNoLeaks(m)
 }
 
 // startFleet runs a dev fleet on a free port with its data in dataDir.
@@ -118,11 +115,11 @@ func TestRestartKeepsQueuedJobsAndSchedules(t *testing.T) {
 	for _, id := range []string{"parked-1", "parked-2", "parked-3"} {
 		fleettest.Publish(t, js, protocol.Job{ID: id, Queue: "parked", Kind: "echo", Payload: []byte(id)})
 	}
-	client := scheduler.NewClient(nc)
-	_, err = client.Add(ctx, &scheduler.Schedule{
+	client := jetfleet.NewClient(nc)
+	_, err = client.AddSchedule(ctx, &jetfleet.Schedule{
 		ID:     "hourly-report",
-		Spec:   scheduler.Spec{Cron: "0 * * * *", Zone: "Europe/Berlin"},
-		Target: scheduler.Target{Queue: "default", Kind: "echo"},
+		Spec:   jetfleet.Spec{Cron: "0 * * * *", Zone: "Europe/Berlin"},
+		Target: jetfleet.Target{Queue: "default", Kind: "echo"},
 	})
 	require.NoError(t, err)
 	nc.Close()
@@ -142,7 +139,7 @@ func TestRestartKeepsQueuedJobsAndSchedules(t *testing.T) {
 		require.NoError(t, err, "queued job %s survived the restart", id)
 		assert.Equal(t, []byte(id), m.Data)
 	}
-	got, err := scheduler.NewClient(nc).Get(ctx, "hourly-report")
+	got, err := jetfleet.NewClient(nc).GetSchedule(ctx, "hourly-report")
 	require.NoError(t, err, "the schedule survived the restart")
 	assert.Equal(t, "0 * * * *", got.Schedule.Spec.Cron)
 
@@ -174,9 +171,9 @@ func TestDemoKinds(t *testing.T) {
 	assert.Equal(t, protocol.ReasonMalformedPayload, events.WaitFor(t, 20*time.Second, "bad", protocol.EventDead).GetReason())
 
 	// The dev fleet's supervisor serves the dead letters and sees the agent.
-	sup := supervisor.NewClient(nc)
+	sup := jetfleet.NewClient(nc)
 	ctx := fleettest.Ctx(t, 10*time.Second)
-	letters, err := sup.ListDeadLetters(ctx, supervisor.DLQListRequest{})
+	letters, err := sup.ListDeadLetters(ctx, jetfleet.DLQListRequest{})
 	require.NoError(t, err)
 	assert.Len(t, letters.Letters, 3)
 	agents, err := sup.Agents(ctx)

@@ -243,15 +243,11 @@ func LatestEvent(t testing.TB, js jetstream.JetStream, jobID string) *jetfleetpb
 	if err != nil {
 		t.Fatalf("fleettest: EVENTS stream: %v", err)
 	}
-	m, err := s.GetLastMsgForSubject(ctx, protocol.JobEventsOfID(jobID))
-	if err != nil {
+	ev, _, err := protocol.LatestJobEvent(ctx, s, "", "", jobID)
+	if err != nil || ev == nil {
 		t.Fatalf("fleettest: latest event of %s: %v", jobID, err)
 	}
-	var ev jetfleetpb.JobEvent
-	if err := protocol.Unmarshal(m.Data, &ev); err != nil {
-		t.Fatalf("fleettest: latest event of %s: %v", jobID, err)
-	}
-	return &ev
+	return ev
 }
 
 // WaitLatestEvent waits until an event of type typ of jobID is stored in

@@ -1,13 +1,18 @@
 package natsconn
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetfleet/jetfleet/pkg/embedded"
 	"github.com/jetfleet/jetfleet/pkg/natstest"
 )
 
@@ -33,4 +38,43 @@ func TestValidate(t *testing.T) {
 	assert.ErrorContains(t, Config{User: "a", Token: "b"}.Validate("nats"), "nats.user")
 	assert.ErrorContains(t, Config{Password: "p"}.Validate("nats"), "nats.password")
 	assert.NoError(t, Config{User: "a", Password: "p"}.Validate("nats"))
+}
+
+// TestNothingSentWhileDisconnectedArrivesLater: a publish made while the
+// server is away fails at once, and is not delivered once the connection
+// is back — a caller that gave up on it must not see it acted on later.
+func TestNothingSentWhileDisconnectedArrivesLater(t *testing.T) {
+	t.Parallel()
+	srv := natstest.RestartableServer(t, embedded.Options{})
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	nc, err := Connect(Config{URL: srv.URL()}, "test", logger)
+	require.NoError(t, err)
+	defer nc.Close()
+	reconnected := make(chan struct{}, 1)
+	nc.SetReconnectHandler(func(*nats.Conn) { reconnected <- struct{}{} })
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "STALE", Subjects: []string{"stale.>"}})
+	require.NoError(t, err)
+
+	srv.Stop()
+	require.Eventually(t, func() bool { return !nc.IsConnected() }, 10*time.Second, 5*time.Millisecond)
+	assert.ErrorIs(t, nc.Publish("stale.write", []byte("late")), nats.ErrReconnectBufExceeded)
+	_, err = nc.Request("stale.request", []byte("late"), 100*time.Millisecond)
+	assert.Error(t, err)
+
+	srv.Start(t)
+	select {
+	case <-reconnected:
+	case <-time.After(10 * time.Second):
+		t.Fatal("not reconnected")
+	}
+	// Anything held back would go out before this, at the reconnect.
+	_, err = js.Publish(ctx, "stale.fresh", []byte("now"))
+	require.NoError(t, err)
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter("stale.>"))
+	require.NoError(t, err)
+	assert.Equal(t, map[string]uint64{"stale.fresh": 1}, info.State.Subjects, "only the fresh message was stored")
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
 
 	"github.com/jetfleet/jetfleet/pkg/embedded"
 )
@@ -390,4 +391,20 @@ func (p *Proxy) Close() {
 	}
 	p.mu.Unlock()
 	p.wg.Wait()
+}
+
+// VerifyNoLeaks runs the tests of m and then fails when goroutines are left
+// over — except those the embedded NATS server and its store keep until
+// their last references are gone, which are not the tested package's. Call
+// it from TestMain: func TestMain(m *testing.M) { natstest.VerifyNoLeaks(m) }.
+func VerifyNoLeaks(m *testing.M) { goleak.VerifyTestMain(m, leakOptions...) }
+
+// FindLeaks reports goroutines left over, as VerifyNoLeaks judges them, for
+// a TestMain that does more around m.Run.
+func FindLeaks() error { return goleak.Find(leakOptions...) }
+
+var leakOptions = []goleak.Option{
+	goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
+	goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).syncBlocks"),
+	goleak.IgnoreAnyFunction("go.opencensus.io/stats/view.(*worker).start"),
 }

@@ -2,9 +2,12 @@ package protocol
 
 import (
 	"fmt"
+
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nats-io/nats.go"
 )
 
 // Bodies an agent (or the supervisor on its behalf) publishes to a job
@@ -19,6 +22,20 @@ const (
 // NakWithDelayBody asks JetStream to redeliver after delay.
 func NakWithDelayBody(delay time.Duration) string {
 	return fmt.Sprintf(`%s {"delay": %d}`, NakBody, delay.Nanoseconds())
+}
+
+// NakOnBehalf NAKs the delivery whose ack subject is ackSubject for the
+// agent that holds it (the supervisor rescuing a dead agent's job, or
+// failing an attempt that ignored its deadline): JetStream redelivers the
+// job at once. Any connection of the account may answer a delivery; use the
+// delivery's latest ack subject, as a heartbeat lists it.
+func NakOnBehalf(nc *nats.Conn, ackSubject string) error {
+	if ack, err := ParseAckSubject(ackSubject); err != nil {
+		return err
+	} else if ack.Stream != StreamJobs {
+		return fmt.Errorf("ack subject %q is not of stream %s", ackSubject, StreamJobs)
+	}
+	return nc.Publish(ackSubject, []byte(NakBody))
 }
 
 // AckSubject is a parsed JetStream ack reply subject.

@@ -27,6 +27,8 @@ const (
 	CodeInvalidHeaders   = "invalid_headers"
 	CodePayloadTooLarge  = "payload_too_large"
 	CodeAgentLost        = "agent_lost"
+	CodeUnroutable       = "unroutable"
+	CodeInvalidSubject   = "invalid_subject"
 )
 
 // Error is an error with a stable code and a retryable flag, the Go form of
@@ -54,12 +56,21 @@ func (e *Error) Is(target error) bool {
 	return errors.As(target, &t) && t.Code == e.Code
 }
 
+// IsCode reports whether err carries code.
+func IsCode(err error, code string) bool { return errors.Is(err, Code(code)) }
+
 // Code returns a sentinel for errors.Is comparisons by code.
 func Code(code string) *Error { return &Error{Code: code} }
 
 // Errorf builds an *Error with a formatted message.
 func Errorf(code string, format string, args ...any) *Error {
 	return &Error{Code: code, Message: fmt.Sprintf(format, args...), Retryable: code == CodeUnavailable}
+}
+
+// WithField sets the request field the error is about and returns e.
+func (e *Error) WithField(field string) *Error {
+	e.Field = field
+	return e
 }
 
 // FieldError builds an invalid_argument error about field.

@@ -186,6 +186,22 @@ func ParseJob(subject string, header nats.Header, payload []byte) (Job, error) {
 	return j, errors.Join(errs...)
 }
 
+// IdempotencyKey identifies a job's run across every delivery and attempt
+// of its message — <job id>@JOBS:<stream sequence> — for handlers that make
+// side effects idempotent: an agent killed after its handler finished but
+// before the outcome was stored runs the job again with the same key. A
+// job id published again after the duplicate window, or a replayed dead
+// letter, is another message and another run, with a key of its own.
+func IdempotencyKey(jobID string, streamSequence uint64) string {
+	return jobID + "@" + StreamJobs + ":" + strconv.FormatUint(streamSequence, 10)
+}
+
+// AttemptKey identifies one attempt of a run: its IdempotencyKey and the
+// attempt number, <job id>@JOBS:<stream sequence>#<attempt>.
+func AttemptKey(jobID string, streamSequence uint64, attempt int) string {
+	return IdempotencyKey(jobID, streamSequence) + "#" + strconv.Itoa(attempt)
+}
+
 // FallbackJobID is the id of a job published without Jetfleet-Job-Id and
 // Nats-Msg-Id: stable across redeliveries because it is the stream sequence.
 func FallbackJobID(streamSequence uint64) string {

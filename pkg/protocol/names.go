@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -103,6 +104,57 @@ func parseTwoTokenSubject(root, subject string) (queue, kind string, err error) 
 // published: events.job.<queue>.<kind>.<type>.<job token>.
 func JobEventSubject(queue, kind, eventType, jobID string) string {
 	return "events.job." + queue + "." + kind + "." + eventType + "." + JobToken(jobID)
+}
+
+// JobEventMsgID is the Nats-Msg-Id of a job event about delivery delivered
+// of the JOBS message at streamSeq, so that a resent event (its answer was
+// lost) is stored once inside EVENTS' duplicate window: one id per event
+// type and delivery, <type>:JOBS:<seq>:<delivered>; and one dead event per
+// job message whoever writes it, agent or supervisor, dead:dlq:JOBS:<seq>
+// (as its dead letter). It is empty without a stream sequence.
+func JobEventMsgID(eventType string, streamSeq, delivered uint64) string {
+	if streamSeq == 0 {
+		return ""
+	}
+	if eventType == EventDead {
+		return eventType + ":" + DeadLetterMsgID(StreamJobs, streamSeq)
+	}
+	return eventType + ":" + StreamJobs + ":" + strconv.FormatUint(streamSeq, 10) + ":" + strconv.FormatUint(delivered, 10)
+}
+
+// EventSubject is a subject of EVENTS taken apart: a job event
+// (events.job.<queue>.<kind>.<type>.<job token>), a schedule event
+// (events.schedule.<schedule id>.<type>) or a queue event
+// (events.queue.<queue>.<type>).
+type EventSubject struct {
+	// Of is "job", "schedule" or "queue".
+	Of string
+	// Queue and Kind of a job event; Queue of a queue event.
+	Queue, Kind string
+	// ScheduleID of a schedule event.
+	ScheduleID string
+	// Type is the event's type.
+	Type string
+	// JobToken is the last token of a job event: JobToken of the job id.
+	JobToken string
+}
+
+// ParseEventSubject takes an EVENTS subject apart; ok is false for any
+// other subject (an agent's batch commit, a subject of the wrong shape).
+func ParseEventSubject(subject string) (ev EventSubject, ok bool) {
+	parts := strings.Split(subject, ".")
+	if len(parts) < 4 || parts[0] != "events" {
+		return ev, false
+	}
+	switch {
+	case parts[1] == "job" && len(parts) == 6:
+		return EventSubject{Of: "job", Queue: parts[2], Kind: parts[3], Type: parts[4], JobToken: parts[5]}, true
+	case parts[1] == "schedule" && len(parts) == 4:
+		return EventSubject{Of: "schedule", ScheduleID: parts[2], Type: parts[3]}, true
+	case parts[1] == "queue" && len(parts) == 4:
+		return EventSubject{Of: "queue", Queue: parts[2], Type: parts[3]}, true
+	}
+	return ev, false
 }
 
 // EventBatchCommitSubject is where an agent ends a fast batch of its job

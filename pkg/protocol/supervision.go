@@ -51,7 +51,3 @@ const (
 	// HeaderDeadLetter points at the failed job's dead letter: "DLQ:<sequence>".
 	HeaderDeadLetter = "Jetfleet-Dead-Letter"
 )
-
-// CommandPing is the action the supervisor probes an agent with before it
-// declares it dead. Any reply, an error reply included, proves the agent alive.
-const CommandPing = "ping"

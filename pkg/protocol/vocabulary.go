@@ -51,6 +51,12 @@ const (
 	ReasonUnknownKind      = "unknown_kind"
 	ReasonInvalidHeaders   = "invalid_headers"
 	ReasonPayloadTooLarge  = "payload_too_large"
+	// ReasonUnroutable: the job's queue has no consumer (JOBS accepted it,
+	// nothing would ever deliver it).
+	ReasonUnroutable = "unroutable"
+	// ReasonInvalidSubject: the job's subject is not jobs.<queue>.<kind>
+	// with valid tokens, and no queue consumer delivers it.
+	ReasonInvalidSubject = "invalid_subject"
 )
 
 // Agent command actions (AgentCommand.action).
@@ -61,4 +67,8 @@ const (
 	// while attempts remain. The supervisor sends it for an attempt past its
 	// deadline and the grace.
 	CommandTimeout = "timeout"
+	// CommandPing is the action the supervisor probes an agent with before
+	// it declares it dead. Any reply, an error reply included, proves the
+	// agent alive; agents answer it as a known action.
+	CommandPing = "ping"
 )

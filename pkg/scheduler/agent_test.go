@@ -10,6 +10,7 @@ import (
 
 	"github.com/jetfleet/jetfleet/pkg/agent"
 	"github.com/jetfleet/jetfleet/pkg/clock"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/scheduler"
 	"github.com/jetfleet/jetfleet/pkg/topology"
@@ -24,7 +25,8 @@ func TestWithTheAgentSDK(t *testing.T) {
 	events := watchScheduleEvents(t, f.nc)
 	jobs := watchJobEvents(t, f.nc)
 	g := newGates()
-	a, err := agent.New(agent.Config{ID: "agent-e2e", Queues: []string{"default"}}, newEnv(t, f.url, f.topo).Env)
+	env := newEnv(t, f.url, f.topo).Env
+	a, err := agent.New(env.Conn, agent.Config{ID: "agent-e2e", Queues: []string{"default"}}, agent.WithEnv(env))
 	require.NoError(t, err)
 	require.NoError(t, a.Register("work", func(ctx context.Context, job *agent.Job) error {
 		select {
@@ -47,11 +49,11 @@ func TestWithTheAgentSDK(t *testing.T) {
 	waitLeading(t, r)
 	c := ctx(t, 60*time.Second)
 	def := interval("ov", 10*time.Second, "work")
-	def.Policy.Overlap = scheduler.OverlapCancelPrevious
-	_, err = f.client.Add(c, def)
+	def.Policy.Overlap = jetfleet.OverlapCancelPrevious
+	_, err = f.client.AddSchedule(c, def)
 	require.NoError(t, err)
-	_, err = f.client.Add(c, &scheduler.Schedule{ID: "after-ov", Spec: scheduler.Spec{After: &scheduler.Dependency{On: []scheduler.Upstream{{ScheduleID: "ov"}}}},
-		Target: scheduler.Target{Queue: "default", Kind: "followup"}})
+	_, err = f.client.AddSchedule(c, &jetfleet.Schedule{ID: "after-ov", Spec: jetfleet.Spec{After: &jetfleet.Dependency{On: []jetfleet.Upstream{{ScheduleID: "ov"}}}},
+		Target: jetfleet.Target{Queue: "default", Kind: "followup"}})
 	require.NoError(t, err)
 	require.NoError(t, r.WaitSynced(c))
 

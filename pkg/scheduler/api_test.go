@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetfleet/jetfleet/pkg/clock"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 	"github.com/jetfleet/jetfleet/pkg/scheduler"
@@ -64,7 +65,7 @@ func TestBadInputNamesTheFieldAndStoresNothing(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			msg, err := f.nc.RequestWithContext(ctx(t, 10*time.Second), scheduler.APISubject+".add", []byte(tt.doc))
+			msg, err := f.nc.RequestWithContext(ctx(t, 10*time.Second), protocol.APIScheduleAdd, []byte(tt.doc))
 			require.NoError(t, err)
 			assert.Equal(t, "400", msg.Header.Get(micro.ErrorCodeHeader))
 			var doc jetfleetpb.Error
@@ -79,8 +80,8 @@ func TestBadInputNamesTheFieldAndStoresNothing(t *testing.T) {
 	assert.ErrorIs(t, err, jetstream.ErrKeyNotFound, "nothing was persisted")
 
 	// The Go client returns the same errors as *protocol.Error.
-	_, err = f.client.Add(ctx(t, 10*time.Second), &scheduler.Schedule{ID: "y", Spec: scheduler.Spec{Cron: "@daily"},
-		Target: scheduler.Target{Queue: "q", Kind: "k"}, Policy: scheduler.Policy{Overlap: "sometimes"}})
+	_, err = f.client.AddSchedule(ctx(t, 10*time.Second), &jetfleet.Schedule{ID: "y", Spec: jetfleet.Spec{Cron: "@daily"},
+		Target: jetfleet.Target{Queue: "q", Kind: "k"}, Policy: jetfleet.Policy{Overlap: "sometimes"}})
 	var pe *protocol.Error
 	require.True(t, errors.As(err, &pe), "%v", err)
 	assert.Equal(t, "policy.overlap", pe.Field)
@@ -96,61 +97,61 @@ func TestScheduleLifecycleThroughTheAPI(t *testing.T) {
 	waitLeading(t, r)
 	c := ctx(t, 30*time.Second)
 
-	def := &scheduler.Schedule{ID: "report", Description: "daily report", Spec: scheduler.Spec{Cron: "30 6 * * 1-5", Zone: "Europe/Berlin"},
-		Target: scheduler.Target{Queue: "default", Kind: "report", PayloadTemplate: `{"day":"{{.NominalTime.Format "2006-01-02"}}"}`}}
-	info, err := f.client.Add(c, def)
+	def := &jetfleet.Schedule{ID: "report", Description: "daily report", Spec: jetfleet.Spec{Cron: "30 6 * * 1-5", Zone: "Europe/Berlin"},
+		Target: jetfleet.Target{Queue: "default", Kind: "report", PayloadTemplate: `{"day":"{{.NominalTime.Format "2006-01-02"}}"}`}}
+	info, err := f.client.AddSchedule(c, def)
 	require.NoError(t, err)
 	assert.Equal(t, utc("2026-06-01T10:00:00Z"), info.Schedule.CreatedAt)
 	assert.Equal(t, utc("2026-06-02T04:30:00Z"), info.NextFires[0].UTC(), "06:30 CEST on the next weekday")
-	_, err = f.client.Add(c, def)
+	_, err = f.client.AddSchedule(c, def)
 	assert.ErrorIs(t, err, protocol.Code(protocol.CodeAlreadyExists))
 
 	// Preview of the stored schedule and of a definition not stored.
-	prev, err := f.client.Preview(c, scheduler.PreviewRequest{ID: "report", Count: 3})
+	prev, err := f.client.PreviewSchedule(c, jetfleet.PreviewRequest{ID: "report", Count: 3})
 	require.NoError(t, err)
 	assert.Equal(t, "Europe/Berlin", prev.Zone)
 	require.Len(t, prev.Times, 3)
 	assert.Equal(t, "2026-06-02T06:30:00+02:00", prev.Times[0].Format(time.RFC3339))
 	assert.Equal(t, "2026-06-04T06:30:00+02:00", prev.Times[2].Format(time.RFC3339))
-	prev, err = f.client.Preview(c, scheduler.PreviewRequest{Schedule: interval("p", time.Hour, "k"), From: utc("2026-01-01T00:30:00Z"), Count: 2})
+	prev, err = f.client.PreviewSchedule(c, jetfleet.PreviewRequest{Schedule: interval("p", time.Hour, "k"), From: utc("2026-01-01T00:30:00Z"), Count: 2})
 	require.NoError(t, err)
 	assert.Equal(t, []time.Time{utc("2026-01-01T01:00:00Z"), utc("2026-01-01T02:00:00Z")}, []time.Time{prev.Times[0].UTC(), prev.Times[1].UTC()})
 
 	// Update: a new spec takes effect from now; a stale revision conflicts.
 	def.Spec.Cron = "0 7 * * *"
-	_, err = f.client.Update(c, def, info.Revision+5)
+	_, err = f.client.UpdateSchedule(c, def, info.Revision+5)
 	assert.ErrorIs(t, err, protocol.Code(protocol.CodeConflict))
-	info, err = f.client.Update(c, def, info.Revision)
+	info, err = f.client.UpdateSchedule(c, def, info.Revision)
 	require.NoError(t, err)
 	assert.Equal(t, utc("2026-06-02T05:00:00Z"), info.NextFires[0].UTC())
 
 	// Pause with a note, list, resume.
-	info, err = f.client.Pause(c, "report", "holiday freeze")
+	info, err = f.client.PauseSchedule(c, "report", "holiday freeze")
 	require.NoError(t, err)
 	assert.True(t, info.Schedule.Paused)
 	assert.Empty(t, info.NextFires)
-	_, err = f.client.Add(c, interval("other", time.Minute, "k"))
+	_, err = f.client.AddSchedule(c, interval("other", time.Minute, "k"))
 	require.NoError(t, err)
-	list, err := f.client.List(c, scheduler.ListRequest{Limit: 1})
+	list, err := f.client.ListSchedules(c, jetfleet.ScheduleListRequest{Limit: 1})
 	require.NoError(t, err)
 	require.Len(t, list.Schedules, 1)
 	assert.Equal(t, "other", list.Schedules[0].ID)
 	assert.Equal(t, "every 60s", list.Schedules[0].Trigger)
-	list, err = f.client.List(c, scheduler.ListRequest{After: list.Next})
+	list, err = f.client.ListSchedules(c, jetfleet.ScheduleListRequest{After: list.Next})
 	require.NoError(t, err)
 	require.Len(t, list.Schedules, 1)
 	assert.Equal(t, "report", list.Schedules[0].ID)
 	assert.True(t, list.Schedules[0].Paused)
 	assert.Equal(t, "cron 0 7 * * * (Europe/Berlin)", list.Schedules[0].Trigger)
 	assert.Empty(t, list.Next)
-	_, err = f.client.Resume(c, "report")
+	_, err = f.client.ResumeSchedule(c, "report")
 	require.NoError(t, err)
 	paused := events.waitN(t, "report", protocol.EventPaused, 1)
 	assert.Equal(t, "holiday freeze", paused[0].GetReason())
 	events.waitN(t, "report", protocol.EventResumed, 1)
 
 	// Trigger fires now; the template sees the nominal time.
-	res, err := f.client.Trigger(c, "report")
+	res, err := f.client.TriggerSchedule(c, "report")
 	require.NoError(t, err)
 	assert.Equal(t, "fired", res.Outcome)
 	msgs := f.jobMessages(t)
@@ -161,20 +162,20 @@ func TestScheduleLifecycleThroughTheAPI(t *testing.T) {
 	// A refused add of the live id leaves its state alone.
 	f.waitState(t, "report", func(st map[string]any) bool { return st["last_fire"] != nil })
 	stRev, stDoc := f.stateOf(t, "report")
-	_, err = f.client.Add(c, def)
+	_, err = f.client.AddSchedule(c, def)
 	assert.ErrorIs(t, err, protocol.Code(protocol.CodeAlreadyExists))
 	gotRev, gotDoc := f.stateOf(t, "report")
 	assert.Equal(t, stRev, gotRev, "the state was not purged or written")
 	assert.JSONEq(t, string(stDoc), string(gotDoc))
-	info, err = f.client.Get(c, "report")
+	info, err = f.client.GetSchedule(c, "report")
 	require.NoError(t, err)
 	require.NotNil(t, info.State)
 	assert.Equal(t, res.JobID, info.State.LastFire.JobID)
 	assert.Equal(t, uint64(1), info.State.Fires)
 
 	// Remove: gone, with its state.
-	require.NoError(t, f.client.Remove(c, "report"))
-	_, err = f.client.Get(c, "report")
+	require.NoError(t, f.client.RemoveSchedule(c, "report"))
+	_, err = f.client.GetSchedule(c, "report")
 	assert.ErrorIs(t, err, protocol.Code(protocol.CodeNotFound))
 	events.waitN(t, "report", protocol.EventDeleted, 1)
 	events.waitN(t, "report", protocol.EventCreated, 1)
@@ -185,19 +186,19 @@ func TestAPIIsADiscoverableMicroService(t *testing.T) {
 	t.Parallel()
 	f := newFleet(t, topology.Config{})
 	f.replica(scheduler.Config{}, clock.Real())
-	subject, err := micro.ControlSubject(micro.InfoVerb, scheduler.ServiceName, "")
+	subject, err := micro.ControlSubject(micro.InfoVerb, protocol.SchedulerService, "")
 	require.NoError(t, err)
 	msg, err := f.nc.RequestWithContext(ctx(t, 10*time.Second), subject, nil)
 	require.NoError(t, err)
 	var info micro.Info
 	require.NoError(t, json.Unmarshal(msg.Data, &info))
-	assert.Equal(t, scheduler.ServiceName, info.Name)
+	assert.Equal(t, protocol.SchedulerService, info.Name)
 	var subjects []string
 	for _, ep := range info.Endpoints {
 		subjects = append(subjects, ep.Subject)
 	}
 	for _, ep := range []string{"add", "update", "get", "ls", "rm", "pause", "resume", "trigger", "preview", "backfill"} {
-		assert.Contains(t, subjects, scheduler.APISubject+"."+ep)
+		assert.Contains(t, subjects, "jetfleet.api.scheduler."+ep)
 	}
 }
 
@@ -208,20 +209,20 @@ func TestBackfillFiresAPastRangeOnce(t *testing.T) {
 	r := f.replica(scheduler.Config{}, clk)
 	waitLeading(t, r)
 	c := ctx(t, 30*time.Second)
-	def := &scheduler.Schedule{ID: "hourly", Spec: scheduler.Spec{Cron: "@hourly"}, Target: scheduler.Target{Queue: "default", Kind: "k"},
-		Policy: scheduler.Policy{Overlap: scheduler.OverlapSkip}}
-	_, err := f.client.Add(c, def)
+	def := &jetfleet.Schedule{ID: "hourly", Spec: jetfleet.Spec{Cron: "@hourly"}, Target: jetfleet.Target{Queue: "default", Kind: "k"},
+		Policy: jetfleet.Policy{Overlap: jetfleet.OverlapSkip}}
+	_, err := f.client.AddSchedule(c, def)
 	require.NoError(t, err)
 
-	res, err := f.client.Backfill(c, "hourly", utc("2026-06-01T08:00:00Z"), utc("2026-06-01T11:00:00Z"), 0)
+	res, err := f.client.BackfillSchedule(c, "hourly", utc("2026-06-01T08:00:00Z"), utc("2026-06-01T11:00:00Z"), 0)
 	require.NoError(t, err)
 	assert.Equal(t, 4, res.Fired, "08:00 to 11:00 inclusive, regardless of overlap")
 	assert.Equal(t, 0, res.Duplicates)
-	res, err = f.client.Backfill(c, "hourly", utc("2026-06-01T10:00:00Z"), utc("2026-06-01T11:30:00Z"), 0)
+	res, err = f.client.BackfillSchedule(c, "hourly", utc("2026-06-01T10:00:00Z"), utc("2026-06-01T11:30:00Z"), 0)
 	require.NoError(t, err)
-	assert.Equal(t, scheduler.BackfillResponse{Fired: 2, Duplicates: 2, First: utc("2026-06-01T10:00:00Z"), Last: utc("2026-06-01T11:00:00Z")},
-		scheduler.BackfillResponse{Fired: res.Fired, Duplicates: res.Duplicates, First: res.First.UTC(), Last: res.Last.UTC()})
-	res, err = f.client.Backfill(c, "hourly", utc("2026-06-01T00:00:00Z"), utc("2026-06-01T11:00:00Z"), 3)
+	assert.Equal(t, jetfleet.BackfillResponse{Fired: 2, Duplicates: 2, First: utc("2026-06-01T10:00:00Z"), Last: utc("2026-06-01T11:00:00Z")},
+		jetfleet.BackfillResponse{Fired: res.Fired, Duplicates: res.Duplicates, First: res.First.UTC(), Last: res.Last.UTC()})
+	res, err = f.client.BackfillSchedule(c, "hourly", utc("2026-06-01T00:00:00Z"), utc("2026-06-01T11:00:00Z"), 3)
 	require.NoError(t, err)
 	assert.True(t, res.Truncated)
 	assert.Equal(t, 3, res.Fired)
@@ -234,7 +235,7 @@ func TestBackfillFiresAPastRangeOnce(t *testing.T) {
 	for id, n := range ids {
 		assert.Equal(t, 1, n, id)
 	}
-	_, err = f.client.Backfill(c, "hourly", utc("2026-06-01T10:00:00Z"), utc("2026-06-02T10:00:00Z"), 0)
+	_, err = f.client.BackfillSchedule(c, "hourly", utc("2026-06-01T10:00:00Z"), utc("2026-06-02T10:00:00Z"), 0)
 	var pe *protocol.Error
 	require.True(t, errors.As(err, &pe))
 	assert.Equal(t, "to", pe.Field)
@@ -249,17 +250,17 @@ func TestFollowersForwardLeaderRequests(t *testing.T) {
 	rs := []*replica{f.replica(scheduler.Config{}, clk), f.replica(scheduler.Config{}, clk), f.replica(scheduler.Config{}, clk)}
 	leaderOf(t, rs...)
 	c := ctx(t, 30*time.Second)
-	_, err := f.client.Add(c, interval("manual", time.Hour, "k"))
+	_, err := f.client.AddSchedule(c, interval("manual", time.Hour, "k"))
 	require.NoError(t, err)
 	for _, r := range rs {
 		require.NoError(t, r.WaitSynced(c))
 	}
 	for range 6 { // the queue group spreads requests over the replicas
-		res, err := f.client.Trigger(c, "manual")
+		res, err := f.client.TriggerSchedule(c, "manual")
 		require.NoError(t, err)
 		assert.Equal(t, "fired", res.Outcome)
 	}
 	assert.Len(t, f.jobMessages(t), 6)
-	_, err = f.client.Trigger(c, "nope")
+	_, err = f.client.TriggerSchedule(c, "nope")
 	assert.ErrorIs(t, err, protocol.Code(protocol.CodeNotFound))
 }

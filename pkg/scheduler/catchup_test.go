@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetfleet/jetfleet/pkg/clock"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/scheduler"
 	"github.com/jetfleet/jetfleet/pkg/topology"
@@ -25,19 +26,19 @@ func TestCatchUpAfterDowntime(t *testing.T) {
 	at := func(s int) time.Time { return base.Add(time.Duration(s) * time.Second) }
 	tests := []struct {
 		name       string
-		policy     scheduler.Policy
+		policy     jetfleet.Policy
 		wantFired  []time.Time
 		wantMissed map[string]uint32 // reason → count
 	}{
-		{"fire_all fires each", scheduler.Policy{Misfire: scheduler.MisfireFireAll},
+		{"fire_all fires each", jetfleet.Policy{Misfire: jetfleet.MisfireFireAll},
 			[]time.Time{at(20), at(30), at(40), at(50), at(60), at(70)}, nil},
-		{"fire_all is bounded by max_catch_up", scheduler.Policy{Misfire: scheduler.MisfireFireAll, MaxCatchUp: 2},
+		{"fire_all is bounded by max_catch_up", jetfleet.Policy{Misfire: jetfleet.MisfireFireAll, MaxCatchUp: 2},
 			[]time.Time{at(60), at(70)}, map[string]uint32{"max_catch_up": 4}},
-		{"fire_once fires the latest", scheduler.Policy{Misfire: scheduler.MisfireFireOnce},
+		{"fire_once fires the latest", jetfleet.Policy{Misfire: jetfleet.MisfireFireOnce},
 			[]time.Time{at(70)}, map[string]uint32{"misfire_fire_once": 5}},
-		{"skip fires none", scheduler.Policy{Misfire: scheduler.MisfireSkip},
+		{"skip fires none", jetfleet.Policy{Misfire: jetfleet.MisfireSkip},
 			[]time.Time{}, map[string]uint32{"misfire_skip": 6}},
-		{"outside the catch-up window", scheduler.Policy{Misfire: scheduler.MisfireFireAll, CatchUpWindow: scheduler.Duration(30 * time.Second)},
+		{"outside the catch-up window", jetfleet.Policy{Misfire: jetfleet.MisfireFireAll, CatchUpWindow: jetfleet.Duration(30 * time.Second)},
 			[]time.Time{at(50), at(60), at(70)}, map[string]uint32{"outside_catch_up_window": 3}},
 	}
 	for _, tt := range tests {
@@ -53,7 +54,7 @@ func TestCatchUpAfterDowntime(t *testing.T) {
 			waitLeading(t, first)
 			def := interval("cu", 10*time.Second, "work")
 			def.Policy = tt.policy
-			_, err := f.client.Add(ctx(t, 10*time.Second), def)
+			_, err := f.client.AddSchedule(ctx(t, 10*time.Second), def)
 			require.NoError(t, err)
 			require.NoError(t, first.WaitSynced(ctx(t, 10*time.Second)))
 			clk.Set(at(10))
@@ -85,7 +86,7 @@ func TestCatchUpAfterDowntime(t *testing.T) {
 				tt.wantMissed = map[string]uint32{}
 			}
 			assert.Equal(t, tt.wantMissed, missed)
-			info, err := f.client.Get(ctx(t, 10*time.Second), "cu")
+			info, err := f.client.GetSchedule(ctx(t, 10*time.Second), "cu")
 			require.NoError(t, err)
 			assert.Equal(t, at(80), info.State.LastNominal, "every passed nominal time is handled")
 		})
@@ -102,8 +103,8 @@ func TestFailoverLatenessIsNotAMisfire(t *testing.T) {
 	first := f.replica(scheduler.Config{}, clk)
 	waitLeading(t, first)
 	def := interval("late", time.Second, "work")
-	def.Policy.Misfire = scheduler.MisfireSkip
-	_, err := f.client.Add(ctx(t, 10*time.Second), def)
+	def.Policy.Misfire = jetfleet.MisfireSkip
+	_, err := f.client.AddSchedule(ctx(t, 10*time.Second), def)
 	require.NoError(t, err)
 	require.NoError(t, first.WaitSynced(ctx(t, 10*time.Second)))
 	clk.Set(utc("2026-06-01T10:00:01Z"))

@@ -10,6 +10,7 @@ import (
 
 	"github.com/robfig/cron/v3"
 
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 )
 
@@ -68,7 +69,7 @@ type compiled struct {
 	stream    string
 	filters   []string
 	startSeq  uint64
-	upstreams []Upstream
+	upstreams []jetfleet.Upstream
 	depWindow int64 // seconds
 }
 
@@ -76,7 +77,7 @@ var cronParser = cron.NewParser(cron.SecondOptional | cron.Minute | cron.Hour | 
 
 // compile validates s and builds its in-memory form. Errors are
 // *protocol.Error values naming the field.
-func compile(s *Schedule) (*compiled, error) {
+func compile(s *jetfleet.Schedule) (*compiled, error) {
 	if err := protocol.ValidateToken("schedule id", s.ID); err != nil {
 		return nil, protocol.FieldError("id", "%v", err)
 	}
@@ -110,9 +111,9 @@ func compile(s *Schedule) (*compiled, error) {
 	return c, nil
 }
 
-func (c *compiled) compileSpec(s *Schedule) error {
+func (c *compiled) compileSpec(s *jetfleet.Schedule) error {
 	sp := &s.Spec
-	field, err := sp.triggerField()
+	field, err := sp.TriggerField()
 	if err != nil {
 		return err
 	}
@@ -201,7 +202,7 @@ func (c *compiled) compileCron(spec string) error {
 	return nil
 }
 
-func (c *compiled) compileDependency(self string, dep *Dependency) error {
+func (c *compiled) compileDependency(self string, dep *jetfleet.Dependency) error {
 	if len(dep.On) == 0 || len(dep.On) > 16 {
 		return protocol.FieldError("spec.after.on", "list 1 to 16 upstreams")
 	}
@@ -240,7 +241,7 @@ func (c *compiled) compileDependency(self string, dep *Dependency) error {
 	}
 	window := dep.Window.D()
 	if window == 0 {
-		window = DefaultDependencyWindow
+		window = jetfleet.DefaultDependencyWindow
 	}
 	c.kind, c.stream, c.startSeq = kindDependency, protocol.StreamEvents, dep.StartSequence
 	c.text = "after " + describeUpstreams(dep.On)
@@ -259,7 +260,7 @@ func (c *compiled) compileDependency(self string, dep *Dependency) error {
 	return nil
 }
 
-func (c *compiled) compileTarget(t *Target) error {
+func (c *compiled) compileTarget(t *jetfleet.Target) error {
 	if err := protocol.ValidateToken("queue", t.Queue); err != nil {
 		return protocol.FieldError("target.queue", "%v", err)
 	}
@@ -305,25 +306,25 @@ func (c *compiled) compileTarget(t *Target) error {
 	return nil
 }
 
-func (c *compiled) compilePolicy(p *Policy) error {
+func (c *compiled) compilePolicy(p *jetfleet.Policy) error {
 	switch p.Overlap {
-	case "", OverlapAllow:
+	case "", jetfleet.OverlapAllow:
 		c.overlap = overlapAllow
-	case OverlapSkip:
+	case jetfleet.OverlapSkip:
 		c.overlap = overlapSkip
-	case OverlapBufferOne:
+	case jetfleet.OverlapBufferOne:
 		c.overlap = overlapBufferOne
-	case OverlapCancelPrevious:
+	case jetfleet.OverlapCancelPrevious:
 		c.overlap = overlapCancelPrevious
 	default:
 		return protocol.FieldError("policy.overlap", "unknown policy %q: use allow, skip, buffer_one or cancel_previous", p.Overlap)
 	}
 	switch p.Misfire {
-	case "", MisfireFireOnce:
+	case "", jetfleet.MisfireFireOnce:
 		c.misfire = misfireFireOnce
-	case MisfireFireAll:
+	case jetfleet.MisfireFireAll:
 		c.misfire = misfireFireAll
-	case MisfireSkip:
+	case jetfleet.MisfireSkip:
 		c.misfire = misfireSkip
 	default:
 		return protocol.FieldError("policy.misfire", "unknown policy %q: use fire_once, fire_all or skip", p.Misfire)
@@ -333,18 +334,18 @@ func (c *compiled) compilePolicy(p *Policy) error {
 	}
 	window := p.CatchUpWindow.D()
 	if window == 0 {
-		window = DefaultCatchUpWindow
+		window = jetfleet.DefaultCatchUpWindow
 	}
 	if window < time.Second {
 		return protocol.FieldError("policy.catch_up_window", "must be at least 1s")
 	}
 	c.window = int64(window / time.Second)
-	if p.MaxCatchUp < 0 || p.MaxCatchUp > MaxMaxCatchUp {
-		return protocol.FieldError("policy.max_catch_up", "must be 0 (default %d) to %d", DefaultMaxCatchUp, MaxMaxCatchUp)
+	if p.MaxCatchUp < 0 || p.MaxCatchUp > jetfleet.MaxMaxCatchUp {
+		return protocol.FieldError("policy.max_catch_up", "must be 0 (default %d) to %d", jetfleet.DefaultMaxCatchUp, jetfleet.MaxMaxCatchUp)
 	}
 	c.maxCatchUp = int32(p.MaxCatchUp)
 	if c.maxCatchUp == 0 {
-		c.maxCatchUp = DefaultMaxCatchUp
+		c.maxCatchUp = jetfleet.DefaultMaxCatchUp
 	}
 	if err := validDuration("policy.jitter", p.Jitter, true); err != nil {
 		return err
@@ -376,7 +377,7 @@ func (c *compiled) describe() string {
 	return c.text
 }
 
-func describeUpstreams(on []Upstream) string {
+func describeUpstreams(on []jetfleet.Upstream) string {
 	parts := make([]string, len(on))
 	for i, u := range on {
 		switch {

@@ -216,7 +216,7 @@ func (e *engine) drain() {
 // suspended VM): the lease may have passed to another replica before the
 // elector could report the step-down. Every write of a leader is fenced by it.
 func (e *engine) leading() bool {
-	return e.forceLeader || (e.leader && e.s.el.IsLeader())
+	return e.forceLeader || (e.leader && e.s.rep.HoldsLease())
 }
 
 func (e *engine) arm(timer interface{ Reset(time.Duration) bool }) {

@@ -27,15 +27,10 @@ func (s *Scheduler) Kick(ctx context.Context) error {
 // while frozen.
 func (s *Scheduler) TickAfterLosingLease(ctx context.Context, resume func()) error {
 	return s.eng.call(ctx, func(e *engine) {
-		s.el.Resign()
+		s.rep.Resign()
 		resume()
 		e.tick()
 	})
-}
-
-// WaitLeading waits until the replica leads (or, with false, does not).
-func (s *Scheduler) WaitLeading(ctx context.Context, leading bool) error {
-	return s.leading.Wait(ctx, leading)
 }
 
 // WaitSynced waits until the replica's engine has applied everything the
@@ -135,7 +130,7 @@ func (s *Scheduler) RenewLeaseUnseen(ctx context.Context) (uint64, error) {
 		if err := json.Unmarshal(kve.Value(), &v); err != nil {
 			return 0, err
 		}
-		if v.Holder != s.holder {
+		if v.Holder != s.rep.Holder() {
 			return 0, errors.New("not holding the lease")
 		}
 		v.RenewedAt = time.Now().UTC()

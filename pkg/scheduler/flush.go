@@ -49,37 +49,59 @@ func (e *engine) flush() {
 	if len(b.touched) == 0 && len(b.events) == 0 {
 		return
 	}
-	s := e.s
-	ctx := e.ctx
-	deadline := time.NewTimer(s.cfg.PublishTimeout)
-	defer deadline.Stop()
-	timedOut := false
-	wait := func(f jetstream.PubAckFuture) (*jetstream.PubAck, error) {
-		if timedOut {
-			select {
-			case ack := <-f.Ok():
-				return ack, nil
-			case err := <-f.Err():
-				return nil, err
-			default:
-				return nil, jetstream.ErrAsyncPublishTimeout
-			}
-		}
+	w := newBatchWait(e.ctx, e.s.cfg.PublishTimeout)
+	defer w.stop()
+	e.publishFires(w)
+	now := e.s.clk.Now()
+	e.writeStates(w, now)
+	e.publishEvents(w)
+	e.settleBatch(now)
+}
+
+// batchWait waits for the answers of one flush, all of them bounded by one
+// deadline: once it passed (or the engine stops), what has not arrived yet
+// is taken as unknown at once.
+type batchWait struct {
+	ctx      context.Context
+	deadline *time.Timer
+	timedOut bool
+}
+
+func newBatchWait(ctx context.Context, timeout time.Duration) *batchWait {
+	return &batchWait{ctx: ctx, deadline: time.NewTimer(timeout)}
+}
+
+func (w *batchWait) stop() { w.deadline.Stop() }
+
+func (w *batchWait) wait(f jetstream.PubAckFuture) (*jetstream.PubAck, error) {
+	if w.timedOut {
 		select {
 		case ack := <-f.Ok():
 			return ack, nil
 		case err := <-f.Err():
 			return nil, err
-		case <-deadline.C:
-			timedOut = true
+		default:
 			return nil, jetstream.ErrAsyncPublishTimeout
-		case <-ctx.Done():
-			timedOut = true
-			return nil, ctx.Err()
 		}
 	}
+	select {
+	case ack := <-f.Ok():
+		return ack, nil
+	case err := <-f.Err():
+		return nil, err
+	case <-w.deadline.C:
+		w.timedOut = true
+		return nil, jetstream.ErrAsyncPublishTimeout
+	case <-w.ctx.Done():
+		w.timedOut = true
+		return nil, w.ctx.Err()
+	}
+}
 
-	// 1. Jobs.
+// publishFires publishes every job of the batch (Nats-Msg-Id = job id),
+// waits for JetStream to store them, and queues the fired events.
+func (e *engine) publishFires(w *batchWait) {
+	b, s, ctx := &e.b, e.s, e.ctx
 	for _, f := range b.fires {
 		if f.en.flags&flagDeleted != 0 {
 			f.err = protocol.Errorf(protocol.CodeNotFound, "schedule %s was deleted", f.en.id)
@@ -109,7 +131,7 @@ func (e *engine) flush() {
 	}
 	for _, f := range b.fires {
 		if f.future != nil {
-			f.ack, f.err = wait(f.future)
+			f.ack, f.err = w.wait(f.future)
 		}
 		if f.span != nil {
 			if f.err != nil {
@@ -153,13 +175,17 @@ func (e *engine) flush() {
 			f.jobID+".fired")
 	}
 
-	// 2. State advances, revision-checked, all in flight at once.
+}
+
+// writeStates sends the revision-checked state advance of every schedule
+// of the batch, all in flight at once, and waits for them.
+func (e *engine) writeStates(w *batchWait, now time.Time) {
+	b, s, ctx := &e.b, e.s, e.ctx
 	type stateWrite struct {
 		en     *entry
 		future jetstream.PubAckFuture
 	}
 	var writes []stateWrite
-	now := s.clk.Now()
 	fenced := !e.leading()
 	for _, en := range b.touched {
 		if fenced {
@@ -182,7 +208,7 @@ func (e *engine) flush() {
 		en.flags |= flagFailed
 	}
 	for _, sw := range writes {
-		ack, err := wait(sw.future)
+		ack, err := w.wait(sw.future)
 		switch {
 		case err == nil:
 			sw.en.rt, sw.en.stRev, sw.en.conflicts = *sw.en.work, ack.Sequence, 0
@@ -196,7 +222,12 @@ func (e *engine) flush() {
 		}
 	}
 
-	// 3. The events (and metrics) of the schedules whose state is stored.
+}
+
+// publishEvents publishes the events (and counts the metrics) of the
+// schedules whose state is stored.
+func (e *engine) publishEvents(w *batchWait) {
+	b, s, ctx := &e.b, e.s, e.ctx
 	var events []jetstream.PubAckFuture
 	for _, ev := range b.events {
 		if ev.en.flags&(flagFailed|flagReload|flagDeleted) != 0 {
@@ -215,12 +246,16 @@ func (e *engine) flush() {
 		}
 	}
 	for _, fut := range events {
-		if _, err := wait(fut); err != nil && ctx.Err() == nil {
+		if _, err := w.wait(fut); err != nil && ctx.Err() == nil {
 			s.log.Warn("schedule event not stored", telemetry.LogError, err)
 		}
 	}
 
-	// 4. Settle every schedule of the batch.
+}
+
+// settleBatch settles every schedule of the batch and empties it.
+func (e *engine) settleBatch(now time.Time) {
+	b, s := &e.b, e.s
 	retryAt := now.Add(s.cfg.RetryDelay).UnixNano()
 	for _, en := range b.touched {
 		failed, reload := en.flags&flagFailed != 0, en.flags&flagReload != 0

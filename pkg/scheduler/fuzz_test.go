@@ -3,6 +3,8 @@ package scheduler
 import (
 	"testing"
 	"time"
+
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 )
 
 var fuzzZones = []string{"", "UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata",
@@ -21,8 +23,8 @@ func FuzzCronSpec(f *testing.F) {
 		if from < 0 || from > 4102444800 { // 1970 to 2100
 			return
 		}
-		c, err := compile(&Schedule{ID: "f", Spec: Spec{Cron: spec, Zone: fuzzZones[int(zone)%len(fuzzZones)]},
-			Target: Target{Queue: "q", Kind: "k"}})
+		c, err := compile(&jetfleet.Schedule{ID: "f", Spec: jetfleet.Spec{Cron: spec, Zone: fuzzZones[int(zone)%len(fuzzZones)]},
+			Target: jetfleet.Target{Queue: "q", Kind: "k"}})
 		if err != nil {
 			return
 		}
@@ -52,11 +54,11 @@ func FuzzScheduleDocument(f *testing.F) {
 	f.Add([]byte(`{"id":"x","spec":{"interval":{"every":"10s","phase":"2s"}},"target":{"queue":"q","kind":"k","payload_template":"{{.JobID}}"}}`))
 	f.Add([]byte(`{"id":"x","spec":{"after":{"on":[{"schedule_id":"a"},{"kind":"b"}]}},"target":{"queue":"q","kind":"k"}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		def, err := DecodeSchedule(data)
+		def, err := jetfleet.DecodeSchedule(data)
 		if err != nil {
 			return
 		}
-		if err := def.Validate(); err != nil {
+		if err := Validate(def); err != nil {
 			return
 		}
 		c, _ := compile(def)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jetfleet/jetfleet/pkg/clock"
 	"github.com/jetfleet/jetfleet/pkg/embedded"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/natstest"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
@@ -105,7 +106,7 @@ func TestFailoverFiresWithinLeaseTTL(t *testing.T) {
 	}
 	leader := leaderOf(t, leaders.live()...)
 	events := watchScheduleEvents(t, f.nc)
-	_, err := f.client.Add(ctx(t, 10*time.Second), interval("beat", time.Second, "echo"))
+	_, err := f.client.AddSchedule(ctx(t, 10*time.Second), interval("beat", time.Second, "echo"))
 	require.NoError(t, err)
 	events.waitN(t, "beat", protocol.EventFired, 3)
 
@@ -159,8 +160,8 @@ func TestRepeatedLeaderKillsFireEveryNominalTimeExactlyOnce(t *testing.T) {
 	var ids []string
 	for i := range schedules {
 		def := interval(fmt.Sprintf("s%d", i), time.Second, "echo")
-		def.Policy.Misfire = scheduler.MisfireFireAll
-		_, err := f.client.Add(ctx(t, 10*time.Second), def)
+		def.Policy.Misfire = jetfleet.MisfireFireAll
+		_, err := f.client.AddSchedule(ctx(t, 10*time.Second), def)
 		require.NoError(t, err)
 		ids = append(ids, def.ID)
 	}
@@ -245,7 +246,7 @@ func staleLeaderTest(t *testing.T, f *fleet) {
 	waitLeading(t, a)
 	b := f.replica(scheduler.Config{}, clk)
 	c := ctx(t, 60*time.Second)
-	_, err := f.client.Add(c, interval("stale", 10*time.Second, "echo"))
+	_, err := f.client.AddSchedule(c, interval("stale", 10*time.Second, "echo"))
 	require.NoError(t, err)
 	require.NoError(t, a.WaitSynced(c))
 
@@ -305,7 +306,7 @@ func TestFiresResumeRightAfterServerRestart(t *testing.T) {
 	f := newFleetURL(t, srv.URL(), topology.Config{})
 	r := f.replica(scheduler.Config{}, clock.Real())
 	waitLeading(t, r)
-	_, err := f.client.Add(ctx(t, 10*time.Second), interval("beat", time.Second, "echo"))
+	_, err := f.client.AddSchedule(ctx(t, 10*time.Second), interval("beat", time.Second, "echo"))
 	require.NoError(t, err)
 	lastFired := func() time.Time { // zero while the test's own connection is not back
 		events, err := f.js.Stream(ctx(t, 5*time.Second), protocol.StreamEvents)
@@ -346,7 +347,7 @@ func TestFrozenLeaderWritesNothingWhenItResumes(t *testing.T) {
 	a := f.replica(scheduler.Config{}, clk)
 	waitLeading(t, a)
 	c := ctx(t, 60*time.Second)
-	_, err := f.client.Add(c, interval("frozen", time.Second, "echo"))
+	_, err := f.client.AddSchedule(c, interval("frozen", time.Second, "echo"))
 	require.NoError(t, err)
 	require.NoError(t, a.WaitSynced(c))
 	clk.Set(utc("2026-06-01T10:00:01Z"))
@@ -403,7 +404,7 @@ func TestFireWithUnknownOutcomeIsResolvedNotMissed(t *testing.T) {
 	waitLeading(t, a)
 	c := ctx(t, 60*time.Second)
 	events := watchScheduleEvents(t, f.nc)
-	_, err := f.client.Add(c, interval("unsure", time.Second, "echo"))
+	_, err := f.client.AddSchedule(c, interval("unsure", time.Second, "echo"))
 	require.NoError(t, err)
 	require.NoError(t, a.WaitSynced(c))
 

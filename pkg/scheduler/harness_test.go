@@ -12,11 +12,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/jetfleet/jetfleet/pkg/clock"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/natsconn"
 	"github.com/jetfleet/jetfleet/pkg/natstest"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
@@ -62,11 +62,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 }
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).syncBlocks"),
-		goleak.IgnoreAnyFunction("go.opencensus.io/stats/view.(*worker).start"),
-	)
+	natstest.VerifyNoLeaks(m)
 }
 
 // fleet is a JetStream server with the topology provisioned, a connection
@@ -77,7 +73,7 @@ type fleet struct {
 	topo   topology.Config
 	nc     *nats.Conn
 	js     jetstream.JetStream
-	client *scheduler.Client
+	client *jetfleet.Client
 }
 
 func newFleet(t *testing.T, topo topology.Config) *fleet {
@@ -89,7 +85,7 @@ func newFleet(t *testing.T, topo topology.Config) *fleet {
 func newFleetURL(t *testing.T, url string, topo topology.Config) *fleet {
 	t.Helper()
 	env := newEnv(t, url, topo)
-	return &fleet{t: t, url: url, topo: topo, nc: env.Conn, js: env.JetStream, client: scheduler.NewClient(env.Conn)}
+	return &fleet{t: t, url: url, topo: topo, nc: env.Conn, js: env.JetStream, client: jetfleet.NewClient(env.Conn)}
 }
 
 // replica is one scheduler replica with its own connection.
@@ -296,7 +292,7 @@ func nominalTimes(evs []*jetfleetpb.ScheduleEvent) []time.Time {
 }
 
 // interval is a schedule firing every d on queue q, kind k.
-func interval(id string, d time.Duration, kind string) *scheduler.Schedule {
-	return &scheduler.Schedule{ID: id, Spec: scheduler.Spec{Interval: &scheduler.Interval{Every: scheduler.Duration(d)}},
-		Target: scheduler.Target{Queue: "default", Kind: kind}}
+func interval(id string, d time.Duration, kind string) *jetfleet.Schedule {
+	return &jetfleet.Schedule{ID: id, Spec: jetfleet.Spec{Interval: &jetfleet.Interval{Every: jetfleet.Duration(d)}},
+		Target: jetfleet.Target{Queue: "default", Kind: kind}}
 }

@@ -53,7 +53,7 @@ func (e *engine) loseLeadership() {
 	if e.leader {
 		e.leader = false
 		e.s.metrics.leading.Store(0)
-		e.s.leading.Set(false)
+		e.s.rep.SetLeading(false)
 	}
 }
 
@@ -64,7 +64,7 @@ func (e *engine) becomeLeader(gen uint64, finished, lost []run) {
 	}
 	e.leader = true
 	e.s.metrics.leading.Store(1)
-	e.s.leading.Set(true)
+	e.s.rep.SetLeading(true)
 	for _, r := range finished {
 		e.complete(r.jobID, r.seq)
 	}
@@ -142,8 +142,8 @@ func (s *Scheduler) syncMirrors(ctx context.Context) error {
 // consumeCompletions feeds the job events that end a run (succeeded,
 // skipped_duplicate, dead) of scheduled jobs to the engine until ctx ends.
 func (s *Scheduler) consumeCompletions(ctx context.Context, started chan<- error) {
-	filters := make([]string, len(runEndTypes))
-	for i, typ := range runEndTypes {
+	filters := make([]string, len(protocol.RunEndEvents))
+	for i, typ := range protocol.RunEndEvents {
 		filters[i] = protocol.JobEventsOfType("*", "*", typ)
 	}
 	cons, err := s.js.OrderedConsumer(ctx, protocol.StreamEvents, jetstream.OrderedConsumerConfig{
@@ -369,11 +369,11 @@ func (e *engine) onJobEvent(en *entry, w *schedState, m *streamMsg) {
 	if err := protocol.Unmarshal(m.data, &ev); err != nil {
 		return
 	}
-	parts := strings.Split(m.subject, ".") // events.job.<queue>.<kind>.<type>.<job token>
-	if len(parts) < 5 {
+	subject, ok := protocol.ParseEventSubject(m.subject)
+	if !ok || subject.Of != "job" {
 		return
 	}
-	queue, kind := parts[2], parts[3]
+	queue, kind := subject.Queue, subject.Kind
 	upSched := ev.GetScheduleId()
 	if upSched == "" {
 		upSched, _ = scheduleOfJob(ev.GetJobId())

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jetfleet/jetfleet/pkg/bench/workload"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 )
 
 // BenchmarkIdleScheduleHeap loads 100,000 definitions and states into an
@@ -31,7 +32,7 @@ func BenchmarkIdleScheduleHeap(b *testing.B) {
 		b.StartTimer()
 		for i := range n {
 			_, doc := workload.IdleSchedule("", i, "default", created)
-			def, err := DecodeSchedule(doc)
+			def, err := jetfleet.DecodeSchedule(doc)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetfleet/jetfleet/pkg/clock"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/scheduler"
 	"github.com/jetfleet/jetfleet/pkg/topology"
@@ -47,7 +48,7 @@ func newOverlapFixtureWith(t *testing.T, policy string, handle func(ctx context.
 	o.run = f.runner("default", handle)
 	def := interval("ov", 10*time.Second, "work")
 	def.Policy.Overlap = policy
-	_, err := f.client.Add(ctx(t, 10*time.Second), def)
+	_, err := f.client.AddSchedule(ctx(t, 10*time.Second), def)
 	require.NoError(t, err)
 	require.NoError(t, o.r.WaitSynced(ctx(t, 10*time.Second)))
 	return o
@@ -72,7 +73,7 @@ func (o *overlapFixture) finish(t *testing.T, jobID string) {
 
 func TestOverlapSkip(t *testing.T) {
 	t.Parallel()
-	o := newOverlapFixture(t, scheduler.OverlapSkip)
+	o := newOverlapFixture(t, jetfleet.OverlapSkip)
 	o.at(t, 10*time.Second)
 	o.run.waitStarted(nominalJob(10 * time.Second))
 	o.at(t, 20*time.Second) // the 10s run is still going: skipped
@@ -90,7 +91,7 @@ func TestOverlapSkip(t *testing.T) {
 
 func TestOverlapBufferOne(t *testing.T) {
 	t.Parallel()
-	o := newOverlapFixture(t, scheduler.OverlapBufferOne)
+	o := newOverlapFixture(t, jetfleet.OverlapBufferOne)
 	o.at(t, 10*time.Second)
 	o.run.waitStarted(nominalJob(10 * time.Second))
 	o.at(t, 20*time.Second) // buffered
@@ -111,7 +112,7 @@ func TestOverlapBufferOne(t *testing.T) {
 
 func TestOverlapCancelPrevious(t *testing.T) {
 	t.Parallel()
-	o := newOverlapFixture(t, scheduler.OverlapCancelPrevious)
+	o := newOverlapFixture(t, jetfleet.OverlapCancelPrevious)
 	o.at(t, 10*time.Second)
 	first := nominalJob(10 * time.Second)
 	o.run.waitStarted(first)
@@ -128,7 +129,7 @@ func TestOverlapCancelPrevious(t *testing.T) {
 
 func TestOverlapAllow(t *testing.T) {
 	t.Parallel()
-	o := newOverlapFixture(t, scheduler.OverlapAllow)
+	o := newOverlapFixture(t, jetfleet.OverlapAllow)
 	o.at(t, 10*time.Second)
 	o.at(t, 20*time.Second)
 	o.run.waitStarted(nominalJob(10 * time.Second))
@@ -147,7 +148,7 @@ func TestOverlapAllow(t *testing.T) {
 // next fire under the next leader, which learns of its end from the events.
 func TestOverlapSurvivesFailover(t *testing.T) {
 	t.Parallel()
-	o := newOverlapFixture(t, scheduler.OverlapSkip)
+	o := newOverlapFixture(t, jetfleet.OverlapSkip)
 	o.at(t, 10*time.Second)
 	first := nominalJob(10 * time.Second)
 	o.run.waitStarted(first)

@@ -30,9 +30,6 @@ type run struct {
 	queue, kind string
 }
 
-// runEndTypes are the job events that end a run (docs/protocol.md §4).
-var runEndTypes = []string{protocol.EventSucceeded, protocol.EventSkippedDuplicate, protocol.EventDead}
-
 // Reasons of the skipped events about a run that fired but will not end.
 const (
 	// reasonRunLost: the run's job left JOBS and no event ended it within
@@ -249,7 +246,7 @@ func (s *Scheduler) inspectRun(ctx context.Context, r run) runStatus {
 // that ends a run, read on its own subject, when it is about r's message
 // (or either side does not know the message).
 func (s *Scheduler) runEnded(ctx context.Context, r run) (bool, error) {
-	for _, typ := range runEndTypes {
+	for _, typ := range protocol.RunEndEvents {
 		m, err := s.events.GetLastMsgForSubject(ctx, protocol.JobEventSubject(r.queue, r.kind, typ, r.jobID))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue
@@ -440,31 +437,46 @@ func (s *Scheduler) holdersOf(ctx context.Context, r run) ([]string, error) {
 		return nil, err
 	}
 	defer func() { _ = w.Stop() }()
-	// Heartbeats carry wall-clock times: compare with the real clock.
-	now := s.realClk.Now()
-	var holders []string
-	for {
-		var kve jetstream.KeyValueEntry
+	type entry struct {
+		id     string
+		hb     *jetfleetpb.Heartbeat
+		stored time.Time
+	}
+	// Freshness is judged by the server's storage times, not the agents'
+	// clocks (protocol.RegistrationFresh): read every entry first.
+	var entries []entry
+	var newest time.Time
+	for done := false; !done; {
 		select {
-		case kve = <-w.Updates():
+		case kve := <-w.Updates():
+			if kve == nil {
+				done = true // every agent seen
+				break
+			}
+			var hb jetfleetpb.Heartbeat
+			if protocol.Unmarshal(kve.Value(), &hb) == nil {
+				entries = append(entries, entry{kve.Key(), &hb, kve.Created()})
+				if kve.Created().After(newest) {
+					newest = kve.Created()
+				}
+			}
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
-		if kve == nil {
-			return holders, nil // every agent seen
-		}
-		var hb jetfleetpb.Heartbeat
-		if protocol.Unmarshal(kve.Value(), &hb) != nil ||
-			now.Sub(hb.GetSentAt().AsTime()) > 3*max(hb.GetInterval().AsDuration(), time.Second) {
+	}
+	var holders []string
+	for _, e := range entries {
+		if !protocol.RegistrationFresh(e.hb, e.stored, newest) {
 			continue
 		}
-		for _, j := range hb.GetJobs() {
+		for _, j := range e.hb.GetJobs() {
 			if j.GetJobId() == r.jobID && (r.seq == 0 || j.GetStreamSequence() == 0 || j.GetStreamSequence() == r.seq) {
-				holders = append(holders, kve.Key())
+				holders = append(holders, e.id)
 				break
 			}
 		}
 	}
+	return holders, nil
 }
 
 // jobsStream returns the JOBS stream, looked up once.

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/jetfleet/jetfleet/pkg/clock"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 	"github.com/jetfleet/jetfleet/pkg/scheduler"
@@ -39,7 +40,7 @@ func (rf *runFixture) add(t *testing.T, id string, d time.Duration, policy strin
 	t.Helper()
 	def := interval(id, d, "work")
 	def.Policy.Overlap = policy
-	_, err := rf.f.client.Add(ctx(t, 10*time.Second), def)
+	_, err := rf.f.client.AddSchedule(ctx(t, 10*time.Second), def)
 	require.NoError(t, err)
 	require.NoError(t, rf.r.WaitSynced(ctx(t, 10*time.Second)))
 }
@@ -107,7 +108,7 @@ func TestNewLeaderSeesARunEndWhateverEventCameLast(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			rf := newRunFixture(t)
-			rf.add(t, "ov", 10*time.Second, scheduler.OverlapSkip)
+			rf.add(t, "ov", 10*time.Second, jetfleet.OverlapSkip)
 			rf.at(t, 10*time.Second)
 			job := nominalJob(10 * time.Second)
 			seq := rf.f.jobSeq(t, job)
@@ -146,7 +147,7 @@ func TestNewLeaderSeesARunEndWhateverEventCameLast(t *testing.T) {
 func TestSkippedDuplicateEndsARun(t *testing.T) {
 	t.Parallel()
 	rf := newRunFixture(t)
-	rf.add(t, "ov", 10*time.Second, scheduler.OverlapSkip)
+	rf.add(t, "ov", 10*time.Second, jetfleet.OverlapSkip)
 	rf.at(t, 10*time.Second)
 	job := nominalJob(10 * time.Second)
 	seq := rf.f.jobSeq(t, job)
@@ -164,15 +165,15 @@ func TestSkippedDuplicateEndsARun(t *testing.T) {
 func TestRunThatLeftJOBSWithoutAnEndIsAbandoned(t *testing.T) {
 	t.Parallel()
 	rf := newRunFixture(t)
-	rf.add(t, "lost", time.Hour, scheduler.OverlapSkip)
-	rf.add(t, "kept", time.Hour, scheduler.OverlapSkip)
+	rf.add(t, "lost", time.Hour, jetfleet.OverlapSkip)
+	rf.add(t, "kept", time.Hour, jetfleet.OverlapSkip)
 	c := ctx(t, 30*time.Second)
 	rf.at(t, time.Hour) // 11:00: both fire
 	lostJob, keptJob := "sched.lost."+itoa(utc(overlapStart).Add(time.Hour).Unix()), "sched.kept."+itoa(utc(overlapStart).Add(time.Hour).Unix())
 	rf.f.removeJob(t, rf.f.jobSeq(t, lostJob)) // gone, and no event will ever say how it ended
 
 	require.NoError(t, rf.r.CheckRuns(c))
-	info, err := rf.f.client.Get(c, "lost")
+	info, err := rf.f.client.GetSchedule(c, "lost")
 	require.NoError(t, err)
 	assert.Equal(t, lostJob, info.State.RunningJobID, "still waiting within the grace")
 
@@ -183,7 +184,7 @@ func TestRunThatLeftJOBSWithoutAnEndIsAbandoned(t *testing.T) {
 	assert.Equal(t, lostJob, skipped[0].GetJobId())
 	assert.Equal(t, utc(overlapStart).Add(time.Hour), skipped[0].GetNominalTime().AsTime())
 	rf.f.waitState(t, "lost", func(st map[string]any) bool { return st["running_job_id"] == nil })
-	info, err = rf.f.client.Get(c, "kept")
+	info, err = rf.f.client.GetSchedule(c, "kept")
 	require.NoError(t, err)
 	assert.Equal(t, keptJob, info.State.RunningJobID, "its job is still in JOBS")
 
@@ -201,7 +202,7 @@ func TestRunThatLeftJOBSWithoutAnEndIsAbandoned(t *testing.T) {
 func TestCancelPreviousRemovesARunBetweenAttempts(t *testing.T) {
 	t.Parallel()
 	first, second := nominalJob(10*time.Second), nominalJob(20*time.Second)
-	o := newOverlapFixtureWith(t, scheduler.OverlapCancelPrevious, func(ctx context.Context, job protocol.Job) error {
+	o := newOverlapFixtureWith(t, jetfleet.OverlapCancelPrevious, func(ctx context.Context, job protocol.Job) error {
 		if job.ID == first {
 			return errRetry{delay: time.Hour}
 		}

@@ -12,14 +12,13 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
-	"github.com/nats-io/nuid"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/jetfleet/jetfleet/pkg/clock"
-	"github.com/jetfleet/jetfleet/pkg/lease"
 	"github.com/jetfleet/jetfleet/pkg/lifecycle"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/replica"
 	"github.com/jetfleet/jetfleet/pkg/service"
 
 	_ "time/tzdata" // the zone database, also on images without /usr/share/zoneinfo
@@ -37,7 +36,9 @@ type Scheduler struct {
 	nc       *nats.Conn
 	js       jetstream.JetStream
 	leaseTTL time.Duration
-	holder   string
+	// rep is this replica's share of the scheduler's leadership; the
+	// engine sets it leading once it caught up (onLeadership).
+	rep *replica.Replica
 
 	defs, states, leases jetstream.KeyValue
 	events               jetstream.Stream
@@ -47,13 +48,11 @@ type Scheduler struct {
 
 	metrics *metrics
 	tracer  trace.Tracer
-	el      *lease.Elector
 	eng     *engine
 	svc     micro.Service
 	runner  lifecycle.Runner
 
 	defsSeen, statesSeen seqWaiter
-	leading              lifecycle.Flag
 	started              atomic.Bool
 
 	// gone tracks runs whose job left JOBS without an event that ends them.
@@ -80,7 +79,7 @@ func New(cfg Config, env *service.Env, clk clock.Clock) (*Scheduler, error) {
 		clk = clock.Real()
 	}
 	s := &Scheduler{cfg: cfg, env: env, clk: clk, realClk: clock.Real(), nc: env.Conn, leaseTTL: ttl,
-		log: env.ComponentLogger("scheduler"), holder: env.Name + "-" + nuid.Next()}
+		log: env.ComponentLogger("scheduler")}
 	// An own JetStream context: a batch of fires keeps many async publishes
 	// in flight.
 	js, err := jetstream.New(env.Conn, jetstream.WithPublishAsyncMaxPending(1<<16), jetstream.WithPublishAsyncTimeout(cfg.PublishTimeout))
@@ -135,15 +134,15 @@ func (s *Scheduler) Start(ctx context.Context) error {
 		_ = s.runner.Stop(ctx)
 		return fmt.Errorf("scheduler: stream of bucket %s: %w", protocol.BucketScheduleState, err)
 	}
-	s.el = lease.New(lease.Config{KV: s.leases, Key: s.cfg.LeaseKey, Holder: s.holder, Role: "scheduler",
-		TTL: s.leaseTTL, Renew: s.cfg.RenewInterval, Acquire: s.cfg.AcquireInterval, Clock: s.realClk, Log: s.log,
+	s.rep = replica.New(replica.Config{Role: "scheduler", Name: s.env.Name, Leases: s.leases, TTL: s.leaseTTL,
+		Lease: s.cfg.Settings, Log: s.log, SetsLeading: true,
 		OnChange: func(leading bool) {
 			s.eng.send(runCtx, func(e *engine) { e.onLeadership(leading) })
 		}})
 	s.runner.Go(s.eng.run)
 	s.runner.Go(s.watchDefinitions)
 	s.runner.Go(s.watchStates)
-	s.runner.Go(s.el.Run)
+	s.rep.Start(&s.runner)
 	svc, err := s.serveAPI()
 	if err != nil {
 		_ = s.Stop(ctx)
@@ -159,7 +158,7 @@ func (s *Scheduler) Start(ctx context.Context) error {
 		return fmt.Errorf("scheduler: flush: %w", err)
 	}
 	s.started.Store(true)
-	s.log.Info("scheduler started", "holder", s.holder, "lease_ttl", s.leaseTTL.String())
+	s.log.Info("scheduler started", "holder", s.rep.Holder(), "lease_ttl", s.leaseTTL.String())
 	return nil
 }
 
@@ -169,12 +168,12 @@ func (s *Scheduler) Stop(ctx context.Context) error {
 	if s.svc != nil {
 		_ = s.svc.Stop()
 	}
-	if s.el != nil {
-		s.el.Resign()
+	if s.rep != nil {
+		s.rep.Resign()
 	}
 	err := s.runner.Stop(ctx)
-	if s.el != nil && s.nc.IsConnected() {
-		s.el.Release(ctx)
+	if s.rep != nil && s.nc.IsConnected() {
+		s.rep.Release(ctx)
 	}
 	return err
 }
@@ -197,13 +196,19 @@ func (s *Scheduler) Ready(ctx context.Context) error {
 	return nil
 }
 
+// WaitLeading waits until the replica leads (or, with false, does not), or
+// ctx ends.
+func (s *Scheduler) WaitLeading(ctx context.Context, leading bool) error {
+	return s.rep.WaitLeading(ctx, leading)
+}
+
 // IsLeader reports whether this replica holds the leader lease and is
 // firing: the lease alone is not enough until the replica has caught up
 // with the state its predecessor left.
-func (s *Scheduler) IsLeader() bool { return s.el != nil && s.el.IsLeader() && s.leading.Get() }
+func (s *Scheduler) IsLeader() bool { return s.rep != nil && s.rep.IsLeader() }
 
 // HoldsLease reports whether this replica holds the leader lease.
-func (s *Scheduler) HoldsLease() bool { return s.el != nil && s.el.IsLeader() }
+func (s *Scheduler) HoldsLease() bool { return s.rep != nil && s.rep.HoldsLease() }
 
 func (s *Scheduler) stateSubject(id string) string {
 	return "$KV." + protocol.BucketScheduleState + "." + id

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetfleet/jetfleet/pkg/clock"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/scheduler"
 	"github.com/jetfleet/jetfleet/pkg/topology"
@@ -23,10 +24,10 @@ func TestFiresOnTheFakeClock(t *testing.T) {
 
 	def := interval("tick", 10*time.Second, "echo")
 	def.Target.Payload = []byte(`{"hello":"world"}`)
-	def.Target.Timeout = scheduler.Duration(90 * time.Second)
+	def.Target.Timeout = jetfleet.Duration(90 * time.Second)
 	def.Target.MaxAttempts = 3
-	def.Target.Backoff = []scheduler.Duration{scheduler.Duration(time.Second), scheduler.Duration(10 * time.Second)}
-	_, err := f.client.Add(ctx(t, 10*time.Second), def)
+	def.Target.Backoff = []jetfleet.Duration{jetfleet.Duration(time.Second), jetfleet.Duration(10 * time.Second)}
+	_, err := f.client.AddSchedule(ctx(t, 10*time.Second), def)
 	require.NoError(t, err)
 	require.NoError(t, r.WaitSynced(ctx(t, 10*time.Second)))
 
@@ -52,7 +53,7 @@ func TestFiresOnTheFakeClock(t *testing.T) {
 	assert.NotEmpty(t, m.header.Get(protocol.HeaderTraceParent), "the fire's trace context travels with the job")
 	assert.Equal(t, fired[0].GetTraceId(), traceIDOf(m.header.Get(protocol.HeaderTraceParent)))
 
-	info, err := f.client.Get(ctx(t, 10*time.Second), "tick")
+	info, err := f.client.GetSchedule(ctx(t, 10*time.Second), "tick")
 	require.NoError(t, err)
 	require.NotNil(t, info.State)
 	assert.Equal(t, utc("2026-06-01T10:00:10Z"), info.State.LastNominal)

@@ -6,45 +6,9 @@ import (
 	"sort"
 	"strconv"
 	"time"
+
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 )
-
-// State is what the leader records about a schedule in bucket
-// schedule_state, under the schedule's id. Every write is revision-checked.
-type State struct {
-	ScheduleID string `json:"schedule_id"`
-	// LastNominal is the cursor of time triggers: every nominal time at or
-	// before it was handled (fired, skipped or missed).
-	LastNominal time.Time `json:"last_nominal,omitzero"`
-	// LastFire is the latest fire.
-	LastFire *Fire `json:"last_fire,omitempty"`
-	// RunningJobID is the run not over yet (overlap policies other than
-	// allow); RunningSequence is its sequence in the JOBS stream.
-	RunningJobID    string `json:"running_job_id,omitempty"`
-	RunningSequence uint64 `json:"running_sequence,omitempty"`
-	// Buffered is the nominal time buffer_one keeps for after the running run.
-	Buffered time.Time `json:"buffered,omitzero"`
-	// EventSequence is the cursor of event and dependency triggers: the last
-	// handled sequence of their stream.
-	EventSequence uint64 `json:"event_sequence,omitempty"`
-	// Pending are the fan-in groups of a dependency with several upstreams:
-	// nominal time (Unix seconds) → bit set of the upstreams that succeeded.
-	Pending map[string]uint32 `json:"pending,omitempty"`
-	// Fires, Skips and Misses count decisions since the schedule was created.
-	Fires  uint64 `json:"fires,omitempty"`
-	Skips  uint64 `json:"skips,omitempty"`
-	Misses uint64 `json:"misses,omitempty"`
-	// Done is set once no nominal time is left (a one-shot fired, or the
-	// end bound passed).
-	Done      bool      `json:"done,omitempty"`
-	UpdatedAt time.Time `json:"updated_at,omitzero"`
-}
-
-// Fire describes one published job.
-type Fire struct {
-	JobID       string    `json:"job_id"`
-	NominalTime time.Time `json:"nominal_time"`
-	FiredAt     time.Time `json:"fired_at"`
-}
 
 // schedState is the compact in-memory form of State.
 type schedState struct {
@@ -71,7 +35,7 @@ func unixOrMin(t time.Time) int64 {
 	return t.Unix()
 }
 
-func fromState(s *State) schedState {
+func fromState(s *jetfleet.ScheduleState) schedState {
 	r := schedState{
 		lastNominal: unixOrMin(s.LastNominal),
 		running:     s.RunningJobID, runningSeq: s.RunningSequence,
@@ -98,8 +62,8 @@ func fromState(s *State) schedState {
 	return r
 }
 
-func (r *schedState) toState(id string, now time.Time) *State {
-	s := &State{ScheduleID: id, RunningJobID: r.running, RunningSequence: r.runningSeq, EventSequence: r.eventSeq,
+func (r *schedState) toState(id string, now time.Time) *jetfleet.ScheduleState {
+	s := &jetfleet.ScheduleState{ScheduleID: id, RunningJobID: r.running, RunningSequence: r.runningSeq, EventSequence: r.eventSeq,
 		Fires: r.fires, Skips: r.skips, Misses: r.misses, Done: r.done, UpdatedAt: now.UTC()}
 	if r.lastNominal != math.MinInt64 {
 		s.LastNominal = time.Unix(r.lastNominal, 0).UTC()
@@ -108,7 +72,7 @@ func (r *schedState) toState(id string, now time.Time) *State {
 		s.Buffered = time.Unix(r.buffered, 0).UTC()
 	}
 	if r.lastJobID != "" {
-		s.LastFire = &Fire{JobID: r.lastJobID, NominalTime: time.Unix(r.lastFireNom, 0).UTC(), FiredAt: time.Unix(0, r.lastFiredAt).UTC()}
+		s.LastFire = &jetfleet.ScheduleFire{JobID: r.lastJobID, NominalTime: time.Unix(r.lastFireNom, 0).UTC(), FiredAt: time.Unix(0, r.lastFiredAt).UTC()}
 	}
 	if len(r.pending) > 0 {
 		s.Pending = make(map[string]uint32, len(r.pending))
@@ -147,7 +111,7 @@ func (r schedState) clone() schedState {
 }
 
 func decodeState(data []byte) (schedState, error) {
-	var s State
+	var s jetfleet.ScheduleState
 	if err := json.Unmarshal(data, &s); err != nil {
 		return schedState{}, err
 	}

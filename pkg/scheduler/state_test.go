@@ -7,8 +7,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
-	"github.com/jetfleet/jetfleet/pkg/scheduler"
 )
 
 // stateOf reads the stored state of schedule id: its revision and document.
@@ -45,13 +45,13 @@ func lastNominalIs(at time.Time) func(map[string]any) bool {
 func TestAddOfALiveIDLeavesItsStateAlone(t *testing.T) {
 	t.Parallel()
 	rf := newRunFixture(t)
-	rf.add(t, "tick", 10*time.Second, scheduler.OverlapAllow)
+	rf.add(t, "tick", 10*time.Second, jetfleet.OverlapAllow)
 	c := ctx(t, 30*time.Second)
 	rf.at(t, 10*time.Second)
 	rf.f.waitState(t, "tick", lastNominalIs(utc(overlapStart).Add(10*time.Second)))
 	rev, doc := rf.f.stateOf(t, "tick")
 
-	_, err := rf.f.client.Add(c, interval("tick", 10*time.Second, "work"))
+	_, err := rf.f.client.AddSchedule(c, interval("tick", 10*time.Second, "work"))
 	require.ErrorIs(t, err, protocol.Code(protocol.CodeAlreadyExists))
 	gotRev, gotDoc := rf.f.stateOf(t, "tick")
 	assert.Equal(t, rev, gotRev, "the state was not written")
@@ -75,21 +75,21 @@ func TestAddOfALiveIDLeavesItsStateAlone(t *testing.T) {
 func TestRemovedScheduleAddedAgainFiresNormally(t *testing.T) {
 	t.Parallel()
 	rf := newRunFixture(t)
-	rf.add(t, "re", 10*time.Second, scheduler.OverlapAllow)
+	rf.add(t, "re", 10*time.Second, jetfleet.OverlapAllow)
 	c := ctx(t, 30*time.Second)
 	rf.at(t, 10*time.Second)
 	rf.f.waitState(t, "re", lastNominalIs(utc(overlapStart).Add(10*time.Second)))
 
-	require.NoError(t, rf.f.client.Remove(c, "re"))
+	require.NoError(t, rf.f.client.RemoveSchedule(c, "re"))
 	require.NoError(t, rf.r.WaitSynced(c))
-	rf.add(t, "re", 10*time.Second, scheduler.OverlapAllow)
+	rf.add(t, "re", 10*time.Second, jetfleet.OverlapAllow)
 
 	rf.at(t, 20*time.Second)
 	rf.f.waitState(t, "re", lastNominalIs(utc(overlapStart).Add(20*time.Second)))
 	rf.at(t, 30*time.Second)
 	rf.f.waitState(t, "re", lastNominalIs(utc(overlapStart).Add(30*time.Second)))
 
-	info, err := rf.f.client.Get(c, "re")
+	info, err := rf.f.client.GetSchedule(c, "re")
 	require.NoError(t, err)
 	require.NotNil(t, info.State)
 	assert.Equal(t, uint64(2), info.State.Fires, "the state counts the fires since the schedule was added again")
@@ -105,7 +105,7 @@ func TestRemovedScheduleAddedAgainFiresNormally(t *testing.T) {
 func TestStateMarkerDoesNotRewindALiveSchedule(t *testing.T) {
 	t.Parallel()
 	rf := newRunFixture(t)
-	rf.add(t, "mk", 10*time.Second, scheduler.OverlapAllow)
+	rf.add(t, "mk", 10*time.Second, jetfleet.OverlapAllow)
 	c := ctx(t, 30*time.Second)
 	rf.at(t, 10*time.Second)
 	rf.f.waitState(t, "mk", lastNominalIs(utc(overlapStart).Add(10*time.Second)))
@@ -129,7 +129,7 @@ func TestStateMarkerDoesNotRewindALiveSchedule(t *testing.T) {
 func TestStateWriteAfterAMarkerItMissedRecovers(t *testing.T) {
 	t.Parallel()
 	rf := newRunFixture(t)
-	rf.add(t, "mk", 10*time.Second, scheduler.OverlapAllow)
+	rf.add(t, "mk", 10*time.Second, jetfleet.OverlapAllow)
 	c := ctx(t, 30*time.Second)
 	kv, err := rf.f.js.KeyValue(c, protocol.BucketScheduleState)
 	require.NoError(t, err)

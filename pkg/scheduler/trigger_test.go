@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 )
 
 func utc(s string) time.Time {
@@ -19,7 +21,7 @@ func utc(s string) time.Time {
 // fires returns the first n fire instants strictly after from.
 func fires(t *testing.T, cronSpec, zone string, from time.Time, n int) []time.Time {
 	t.Helper()
-	c, err := compile(&Schedule{ID: "dst", Spec: Spec{Cron: cronSpec, Zone: zone}, Target: Target{Queue: "q", Kind: "k"}})
+	c, err := compile(&jetfleet.Schedule{ID: "dst", Spec: jetfleet.Spec{Cron: cronSpec, Zone: zone}, Target: jetfleet.Target{Queue: "q", Kind: "k"}})
 	require.NoError(t, err)
 	var out []time.Time
 	after := from.Unix()
@@ -107,8 +109,8 @@ func TestDSTPolicy(t *testing.T) {
 func TestIntervalTrigger(t *testing.T) {
 	t.Parallel()
 	anchor := utc("2026-01-01T00:00:07Z")
-	c, err := compile(&Schedule{ID: "iv", Spec: Spec{Interval: &Interval{Every: Duration(10 * time.Second), Phase: Duration(2 * time.Second), Anchor: anchor}},
-		Target: Target{Queue: "q", Kind: "k"}})
+	c, err := compile(&jetfleet.Schedule{ID: "iv", Spec: jetfleet.Spec{Interval: &jetfleet.Interval{Every: jetfleet.Duration(10 * time.Second), Phase: jetfleet.Duration(2 * time.Second), Anchor: anchor}},
+		Target: jetfleet.Target{Queue: "q", Kind: "k"}})
 	require.NoError(t, err)
 	next, ok := c.nextNominal(utc("2026-01-01T00:00:09Z").Unix())
 	require.True(t, ok)
@@ -116,7 +118,7 @@ func TestIntervalTrigger(t *testing.T) {
 	next, _ = c.nextNominal(utc("2025-12-31T23:59:59Z").Unix())
 	assert.Equal(t, utc("2026-01-01T00:00:09Z"), time.Unix(next, 0).UTC(), "before the anchor too")
 
-	every, err := compile(&Schedule{ID: "ev", Spec: Spec{Cron: "@every 1h"}, Target: Target{Queue: "q", Kind: "k"}})
+	every, err := compile(&jetfleet.Schedule{ID: "ev", Spec: jetfleet.Spec{Cron: "@every 1h"}, Target: jetfleet.Target{Queue: "q", Kind: "k"}})
 	require.NoError(t, err)
 	next, _ = every.nextNominal(utc("2026-03-29T01:30:00Z").Unix())
 	assert.Equal(t, utc("2026-03-29T02:00:00Z"), time.Unix(next, 0).UTC(), "@every is epoch-aligned and ignores DST")
@@ -124,8 +126,8 @@ func TestIntervalTrigger(t *testing.T) {
 
 func TestBounds(t *testing.T) {
 	t.Parallel()
-	c, err := compile(&Schedule{ID: "b", Spec: Spec{Cron: "@hourly"}, Target: Target{Queue: "q", Kind: "k"},
-		Policy: Policy{StartAt: utc("2026-01-01T10:30:00Z"), EndAt: utc("2026-01-01T12:00:00Z")}})
+	c, err := compile(&jetfleet.Schedule{ID: "b", Spec: jetfleet.Spec{Cron: "@hourly"}, Target: jetfleet.Target{Queue: "q", Kind: "k"},
+		Policy: jetfleet.Policy{StartAt: utc("2026-01-01T10:30:00Z"), EndAt: utc("2026-01-01T12:00:00Z")}})
 	require.NoError(t, err)
 	var got []time.Time
 	for after := int64(0); ; {
@@ -138,7 +140,7 @@ func TestBounds(t *testing.T) {
 	}
 	assert.Equal(t, []time.Time{utc("2026-01-01T11:00:00Z"), utc("2026-01-01T12:00:00Z")}, got)
 
-	once, err := compile(&Schedule{ID: "o", Spec: Spec{At: new(utc("2026-05-01T08:00:00Z"))}, Target: Target{Queue: "q", Kind: "k"}})
+	once, err := compile(&jetfleet.Schedule{ID: "o", Spec: jetfleet.Spec{At: new(utc("2026-05-01T08:00:00Z"))}, Target: jetfleet.Target{Queue: "q", Kind: "k"}})
 	require.NoError(t, err)
 	next, ok := once.nextNominal(0)
 	assert.True(t, ok)

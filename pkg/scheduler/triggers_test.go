@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetfleet/jetfleet/pkg/clock"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/scheduler"
 	"github.com/jetfleet/jetfleet/pkg/topology"
@@ -31,15 +32,15 @@ func TestEventTriggerFiresPerStoredMessage(t *testing.T) {
 	_, err = f.js.Publish(c, "orders.created", []byte(`{"id":0}`)) // before the schedules: never fires
 	require.NoError(t, err)
 
-	pass := &scheduler.Schedule{ID: "on-order", Spec: scheduler.Spec{Event: &scheduler.EventSpec{Subject: "orders.created"}},
-		Target: scheduler.Target{Queue: "default", Kind: "process"}}
-	info, err := f.client.Add(c, pass)
+	pass := &jetfleet.Schedule{ID: "on-order", Spec: jetfleet.Spec{Event: &jetfleet.EventSpec{Subject: "orders.created"}},
+		Target: jetfleet.Target{Queue: "default", Kind: "process"}}
+	info, err := f.client.AddSchedule(c, pass)
 	require.NoError(t, err)
 	assert.Equal(t, "ORDERS", info.Schedule.Spec.Event.Stream, "the stream is found from the subject")
-	mapped := &scheduler.Schedule{ID: "on-order-mapped", Spec: scheduler.Spec{Event: &scheduler.EventSpec{Subject: "orders.*"}},
-		Target: scheduler.Target{Queue: "default", Kind: "notify",
+	mapped := &jetfleet.Schedule{ID: "on-order-mapped", Spec: jetfleet.Spec{Event: &jetfleet.EventSpec{Subject: "orders.*"}},
+		Target: jetfleet.Target{Queue: "default", Kind: "notify",
 			PayloadTemplate: `{"order":{{json .Event.JSON.id}},"subject":"{{.Event.Subject}}","schedule":"{{.ScheduleID}}"}`}}
-	_, err = f.client.Add(c, mapped)
+	_, err = f.client.AddSchedule(c, mapped)
 	require.NoError(t, err)
 	require.NoError(t, r.WaitSynced(c))
 
@@ -101,15 +102,15 @@ func TestDependencyTriggers(t *testing.T) {
 	r := f.replica(scheduler.Config{}, clk)
 	waitLeading(t, r)
 	c := ctx(t, 30*time.Second)
-	for _, def := range []*scheduler.Schedule{
-		{ID: "extract", Spec: scheduler.Spec{Interval: &scheduler.Interval{Every: scheduler.Duration(10 * time.Second)}}, Target: scheduler.Target{Queue: "etl", Kind: "extract"}},
-		{ID: "load", Spec: scheduler.Spec{Interval: &scheduler.Interval{Every: scheduler.Duration(10 * time.Second)}}, Target: scheduler.Target{Queue: "etl", Kind: "load"}},
-		{ID: "report", Spec: scheduler.Spec{After: &scheduler.Dependency{On: []scheduler.Upstream{{ScheduleID: "extract"}, {ScheduleID: "load"}}}},
-			Target: scheduler.Target{Queue: "reports", Kind: "report", PayloadTemplate: `{"for":"{{rfc3339 .NominalTime}}","after":"{{.Upstream.JobID}}"}`}},
-		{ID: "audit", Spec: scheduler.Spec{After: &scheduler.Dependency{On: []scheduler.Upstream{{Kind: "extract"}}}},
-			Target: scheduler.Target{Queue: "reports", Kind: "audit"}},
+	for _, def := range []*jetfleet.Schedule{
+		{ID: "extract", Spec: jetfleet.Spec{Interval: &jetfleet.Interval{Every: jetfleet.Duration(10 * time.Second)}}, Target: jetfleet.Target{Queue: "etl", Kind: "extract"}},
+		{ID: "load", Spec: jetfleet.Spec{Interval: &jetfleet.Interval{Every: jetfleet.Duration(10 * time.Second)}}, Target: jetfleet.Target{Queue: "etl", Kind: "load"}},
+		{ID: "report", Spec: jetfleet.Spec{After: &jetfleet.Dependency{On: []jetfleet.Upstream{{ScheduleID: "extract"}, {ScheduleID: "load"}}}},
+			Target: jetfleet.Target{Queue: "reports", Kind: "report", PayloadTemplate: `{"for":"{{rfc3339 .NominalTime}}","after":"{{.Upstream.JobID}}"}`}},
+		{ID: "audit", Spec: jetfleet.Spec{After: &jetfleet.Dependency{On: []jetfleet.Upstream{{Kind: "extract"}}}},
+			Target: jetfleet.Target{Queue: "reports", Kind: "audit"}},
 	} {
-		_, err := f.client.Add(c, def)
+		_, err := f.client.AddSchedule(c, def)
 		require.NoError(t, err)
 	}
 	require.NoError(t, r.WaitSynced(c))

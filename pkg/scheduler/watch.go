@@ -6,6 +6,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/telemetry"
 )
 
@@ -58,7 +59,7 @@ func (s *Scheduler) watchDefinitions(ctx context.Context) {
 		if kve.Operation() != jetstream.KeyValuePut {
 			return func(e *engine) { e.applyDef(id, rev, nil) }
 		}
-		def, err := DecodeSchedule(kve.Value())
+		def, err := jetfleet.DecodeSchedule(kve.Value())
 		var c *compiled
 		if err == nil {
 			c, err = compile(def)

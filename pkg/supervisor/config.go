@@ -50,6 +50,12 @@ type Config struct {
 	// consumer's max_deliver that no advisory covered (and once when it
 	// becomes leader). Defaults to 1m.
 	ReconcileInterval time.Duration `koanf:"reconcile_interval"`
+	// UnroutableAfter is how long a job on a subject no queue consumer
+	// serves (a queue without a consumer, a subject not of the form
+	// jobs.<queue>.<kind>) stays in JOBS before the leader dead-letters it
+	// with reason unroutable or invalid_subject: time for its queue to
+	// appear (an agent starting). Defaults to 5s.
+	UnroutableAfter time.Duration `koanf:"unroutable_after"`
 	// RequestTimeout bounds each JetStream request, API call and command.
 	// Defaults to 10s.
 	RequestTimeout time.Duration `koanf:"request_timeout"`
@@ -194,6 +200,7 @@ const (
 	DefaultDeadlineGrace      = 30 * time.Second
 	DefaultKillGrace          = 30 * time.Second
 	DefaultReconcileInterval  = time.Minute
+	DefaultUnroutableAfter    = 5 * time.Second
 	DefaultRequestTimeout     = 10 * time.Second
 	DefaultHistorySize        = 100
 	DefaultHistoryMaxAge      = 30 * 24 * time.Hour
@@ -226,6 +233,7 @@ func (c Config) withDefaults(leaseTTL time.Duration) Config {
 	def(&c.DeadlineGrace, DefaultDeadlineGrace)
 	def(&c.KillGrace, DefaultKillGrace)
 	def(&c.ReconcileInterval, DefaultReconcileInterval)
+	def(&c.UnroutableAfter, DefaultUnroutableAfter)
 	def(&c.RequestTimeout, DefaultRequestTimeout)
 	if c.HistorySize == 0 {
 		c.HistorySize = DefaultHistorySize
@@ -275,7 +283,8 @@ func (c Config) Validate(section string, leaseTTL time.Duration) error {
 		"check_interval": c.CheckInterval,
 		"probe_timeout":  c.ProbeTimeout, "dead_agent_retention": c.DeadAgentRetention, "deadline_grace": c.DeadlineGrace,
 		"kill_grace": c.KillGrace, "reconcile_interval": c.ReconcileInterval, "request_timeout": c.RequestTimeout,
-		"history_max_age": c.HistoryMaxAge, "alerts.dedupe_window": c.Alerts.DedupeWindow,
+		"unroutable_after": c.UnroutableAfter,
+		"history_max_age":  c.HistoryMaxAge, "alerts.dedupe_window": c.Alerts.DedupeWindow,
 		"thresholds.failure_window": c.Thresholds.FailureWindow, "thresholds.scheduling_delay": c.Thresholds.SchedulingDelay,
 		"thresholds.dlq_depth_interval": c.Thresholds.DLQDepthInterval,
 	} {

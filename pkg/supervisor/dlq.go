@@ -12,93 +12,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 )
-
-// DLQFilter selects dead letters. Empty fields match everything.
-type DLQFilter struct {
-	Queue  string `json:"queue,omitempty"`
-	Kind   string `json:"kind,omitempty"`
-	Reason string `json:"reason,omitempty"`
-	JobID  string `json:"job_id,omitempty"`
-	// Since and Until bound when the letter was stored (inclusive).
-	Since time.Time `json:"since,omitzero"`
-	Until time.Time `json:"until,omitzero"`
-}
-
-func (f DLQFilter) empty() bool {
-	return f.Queue == "" && f.Kind == "" && f.Reason == "" && f.JobID == "" && f.Since.IsZero() && f.Until.IsZero()
-}
-
-func (f DLQFilter) validate() error {
-	if f.Queue != "" {
-		if err := protocol.ValidateToken("queue", f.Queue); err != nil {
-			return protocol.FieldError("queue", "%v", err)
-		}
-	}
-	if f.Kind != "" {
-		if err := protocol.ValidateToken("kind", f.Kind); err != nil {
-			return protocol.FieldError("kind", "%v", err)
-		}
-	}
-	if !f.Since.IsZero() && !f.Until.IsZero() && f.Until.Before(f.Since) {
-		return protocol.FieldError("until", "is before since")
-	}
-	return nil
-}
-
-// subject is the DLQ subject filter of f.
-func (f DLQFilter) subject() string {
-	star := func(s string) string {
-		if s == "" {
-			return "*"
-		}
-		return s
-	}
-	return protocol.DLQSubject(star(f.Queue), star(f.Kind))
-}
-
-// DeadLetterEntry is one dead letter in a listing.
-type DeadLetterEntry struct {
-	// Sequence is the letter's sequence in the DLQ stream: its id.
-	Sequence uint64    `json:"sequence"`
-	Time     time.Time `json:"time"`
-	JobID    string    `json:"job_id"`
-	Queue    string    `json:"queue"`
-	Kind     string    `json:"kind"`
-	Reason   string    `json:"reason"`
-	Attempts uint32    `json:"attempts"`
-	// LastError is the first line of the last error.
-	LastError        string `json:"last_error,omitempty"`
-	ErrorCode        string `json:"error_code,omitempty"`
-	AgentID          string `json:"agent_id,omitempty"`
-	OriginalSubject  string `json:"original_subject"`
-	OriginalSequence uint64 `json:"original_sequence"`
-	// Replay says whether and when the letter was replayed.
-	Replay *ReplayMarker `json:"replay,omitempty"`
-	// Letter is the whole DeadLetter document (show only).
-	Letter json.RawMessage `json:"letter,omitempty"`
-}
-
-// Decode returns the DeadLetter document of a shown entry.
-func (e *DeadLetterEntry) Decode() (*jetfleetpb.DeadLetter, error) {
-	var dl jetfleetpb.DeadLetter
-	if len(e.Letter) == 0 {
-		return nil, errors.New("entry has no letter document")
-	}
-	return &dl, protocol.Unmarshal(e.Letter, &dl)
-}
-
-// ReplayMarker records replays of one dead letter.
-type ReplayMarker struct {
-	DLQSequence uint64    `json:"dlq_sequence"`
-	At          time.Time `json:"at"`
-	// JobSequence is the replayed job's sequence in JOBS (latest replay).
-	JobSequence uint64 `json:"job_sequence"`
-	// Count of replays so far.
-	Count int `json:"count"`
-}
 
 func replaySubject(dlqSeq uint64) string {
 	return "jetfleet.supervisor.replays." + strconv.FormatUint(dlqSeq, 10)
@@ -109,7 +26,7 @@ const maxScan = 20_000
 
 // listDLQ returns up to limit letters matching f with a sequence above
 // after, oldest first, and the after of the next page (0 on the last).
-func (s *Supervisor) listDLQ(ctx context.Context, f DLQFilter, after uint64, limit int, withDocs bool) ([]DeadLetterEntry, uint64, error) {
+func (s *Supervisor) listDLQ(ctx context.Context, f jetfleet.DLQFilter, after uint64, limit int, withDocs bool) ([]jetfleet.DeadLetterEntry, uint64, error) {
 	info, err := s.dlq.Info(ctx)
 	if err != nil {
 		return nil, 0, err
@@ -125,8 +42,8 @@ func (s *Supervisor) listDLQ(ctx context.Context, f DLQFilter, after uint64, lim
 		}
 		seq = max(seq, from)
 	}
-	var out []DeadLetterEntry
-	filter := f.subject()
+	var out []jetfleet.DeadLetterEntry
+	filter := f.Subject()
 	for scanned := 0; seq <= info.State.LastSeq; scanned++ {
 		if scanned >= maxScan || len(out) >= limit {
 			return out, seq - 1, nil
@@ -157,12 +74,12 @@ func (s *Supervisor) listDLQ(ctx context.Context, f DLQFilter, after uint64, lim
 	return out, 0, nil
 }
 
-func (s *Supervisor) entryOf(ctx context.Context, m *jetstream.RawStreamMsg, withDoc bool) (*DeadLetterEntry, error) {
+func (s *Supervisor) entryOf(ctx context.Context, m *jetstream.RawStreamMsg, withDoc bool) (*jetfleet.DeadLetterEntry, error) {
 	var dl jetfleetpb.DeadLetter
 	if err := protocol.Unmarshal(m.Data, &dl); err != nil {
 		return nil, err
 	}
-	e := &DeadLetterEntry{Sequence: m.Sequence, Time: m.Time, JobID: dl.GetJobId(), Queue: dl.GetQueue(), Kind: dl.GetKind(),
+	e := &jetfleet.DeadLetterEntry{Sequence: m.Sequence, Time: m.Time, JobID: dl.GetJobId(), Queue: dl.GetQueue(), Kind: dl.GetKind(),
 		Reason: dl.GetReason(), Attempts: dl.GetAttempts(), LastError: firstLine(dl.GetLastError()), ErrorCode: dl.GetErrorCode(),
 		AgentID: dl.GetAgentId(), OriginalSubject: dl.GetOriginalSubject(), OriginalSequence: dl.GetOriginalSequence()}
 	if withDoc {
@@ -206,7 +123,7 @@ func (s *Supervisor) firstAtOrAfter(ctx context.Context, lo, hi uint64, t time.T
 	return ans, nil
 }
 
-func (s *Supervisor) replayMarker(ctx context.Context, dlqSeq uint64) (*ReplayMarker, error) {
+func (s *Supervisor) replayMarker(ctx context.Context, dlqSeq uint64) (*jetfleet.ReplayMarker, error) {
 	m, err := s.store.GetLastMsgForSubject(ctx, replaySubject(dlqSeq))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, nil
@@ -214,7 +131,7 @@ func (s *Supervisor) replayMarker(ctx context.Context, dlqSeq uint64) (*ReplayMa
 	if err != nil {
 		return nil, err
 	}
-	var r ReplayMarker
+	var r jetfleet.ReplayMarker
 	if err := json.Unmarshal(m.Data, &r); err != nil {
 		return nil, nil
 	}
@@ -222,7 +139,7 @@ func (s *Supervisor) replayMarker(ctx context.Context, dlqSeq uint64) (*ReplayMa
 }
 
 // getDLQ returns one letter with its document.
-func (s *Supervisor) getDLQ(ctx context.Context, seq uint64) (*DeadLetterEntry, error) {
+func (s *Supervisor) getDLQ(ctx context.Context, seq uint64) (*jetfleet.DeadLetterEntry, error) {
 	m, err := s.dlq.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, &protocol.Error{Code: protocol.CodeNotFound, Field: "sequence", Message: fmt.Sprintf("no dead letter %d", seq)}
@@ -237,18 +154,6 @@ func (s *Supervisor) getDLQ(ctx context.Context, seq uint64) (*DeadLetterEntry, 
 	return e, nil
 }
 
-// ReplayResult is what one replay did.
-type ReplayResult struct {
-	DLQSequence uint64 `json:"dlq_sequence"`
-	JobID       string `json:"job_id"`
-	// JobSequence is the new job message's sequence in JOBS.
-	JobSequence uint64 `json:"job_sequence"`
-	// AlreadyReplayed: the letter was replayed before and force was not
-	// set; nothing was published (JobSequence is the earlier replay's).
-	AlreadyReplayed bool   `json:"already_replayed,omitempty"`
-	Error           string `json:"error,omitempty"`
-}
-
 // replay republishes one dead letter to its original subject as a new job
 // message: the original payload and headers, the same job id, a fresh
 // attempt count (it is a new message), Jetfleet-Replayed-From: DLQ:<seq>
@@ -256,7 +161,7 @@ type ReplayResult struct {
 // forced replay), so a replay is never mistaken for the original and a
 // repeated request replays once. A letter replayed before is only
 // replayed again with force.
-func (s *Supervisor) replay(ctx context.Context, seq uint64, force bool) (*ReplayResult, error) {
+func (s *Supervisor) replay(ctx context.Context, seq uint64, force bool) (*jetfleet.ReplayResult, error) {
 	m, err := s.dlq.GetMsg(ctx, seq)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, &protocol.Error{Code: protocol.CodeNotFound, Field: "sequence", Message: fmt.Sprintf("no dead letter %d", seq)}
@@ -268,7 +173,7 @@ func (s *Supervisor) replay(ctx context.Context, seq uint64, force bool) (*Repla
 	if err := protocol.Unmarshal(m.Data, &dl); err != nil {
 		return nil, protocol.Errorf(protocol.CodeInternal, "dead letter %d: %v", seq, err)
 	}
-	res := &ReplayResult{DLQSequence: seq, JobID: dl.GetJobId()}
+	res := &jetfleet.ReplayResult{DLQSequence: seq, JobID: dl.GetJobId()}
 	marker, err := s.replayMarker(ctx, seq)
 	if err != nil {
 		return nil, internal(err)
@@ -306,7 +211,7 @@ func (s *Supervisor) replay(ctx context.Context, seq uint64, force bool) (*Repla
 		return nil, internal(fmt.Errorf("republish dead letter %d: %w", seq, err))
 	}
 	res.JobSequence = ack.Sequence
-	data, _ := json.Marshal(ReplayMarker{DLQSequence: seq, At: s.clk.Now().UTC(), JobSequence: ack.Sequence, Count: count})
+	data, _ := json.Marshal(jetfleet.ReplayMarker{DLQSequence: seq, At: s.clk.Now().UTC(), JobSequence: ack.Sequence, Count: count})
 	if _, err := s.js.Publish(ctx, replaySubject(seq), data); err != nil {
 		return nil, internal(fmt.Errorf("record replay of dead letter %d: %w", seq, err))
 	}
@@ -315,7 +220,7 @@ func (s *Supervisor) replay(ctx context.Context, seq uint64, force bool) (*Repla
 
 // purgeDLQ deletes one letter (seq), the letters matching f, or all of
 // them, and returns how many it deleted.
-func (s *Supervisor) purgeDLQ(ctx context.Context, seq uint64, f DLQFilter, all bool) (int, error) {
+func (s *Supervisor) purgeDLQ(ctx context.Context, seq uint64, f jetfleet.DLQFilter, all bool) (int, error) {
 	if seq > 0 {
 		err := s.dlq.DeleteMsg(ctx, seq)
 		if err != nil {
@@ -326,7 +231,7 @@ func (s *Supervisor) purgeDLQ(ctx context.Context, seq uint64, f DLQFilter, all 
 		}
 		return 1, nil
 	}
-	if all && f.empty() {
+	if all && f.Empty() {
 		info, err := s.dlq.Info(ctx)
 		if err != nil {
 			return 0, internal(err)

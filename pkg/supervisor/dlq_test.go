@@ -15,6 +15,7 @@ import (
 
 	"github.com/jetfleet/jetfleet/pkg/agent"
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 	"github.com/jetfleet/jetfleet/pkg/supervisor"
@@ -59,24 +60,24 @@ func TestReplayRunsDeadLetterAgainAndPurgeRemovesIt(t *testing.T) {
 	f.events.WaitFor(t, 10*time.Second, "other-1", protocol.EventDead)
 	ctx := fleettest.Ctx(t, 30*time.Second)
 
-	all, err := f.client.ListDeadLetters(ctx, supervisor.DLQListRequest{})
+	all, err := f.client.ListDeadLetters(ctx, jetfleet.DLQListRequest{})
 	require.NoError(t, err)
 	require.Len(t, all.Letters, 2)
-	list, err := f.client.ListDeadLetters(ctx, supervisor.DLQListRequest{DLQFilter: supervisor.DLQFilter{Kind: "charge", Reason: protocol.ReasonNonRetryable}})
+	list, err := f.client.ListDeadLetters(ctx, jetfleet.DLQListRequest{DLQFilter: jetfleet.DLQFilter{Kind: "charge", Reason: protocol.ReasonNonRetryable}})
 	require.NoError(t, err)
 	require.Len(t, list.Letters, 1)
 	letter := list.Letters[0]
 	assert.Equal(t, "charge-1", letter.JobID)
 	assert.Equal(t, "card declined", letter.LastError)
 	assert.Nil(t, letter.Replay)
-	none, err := f.client.ListDeadLetters(ctx, supervisor.DLQListRequest{DLQFilter: supervisor.DLQFilter{Since: time.Now().Add(time.Hour)}})
+	none, err := f.client.ListDeadLetters(ctx, jetfleet.DLQListRequest{DLQFilter: jetfleet.DLQFilter{Since: time.Now().Add(time.Hour)}})
 	require.NoError(t, err)
 	assert.Empty(t, none.Letters, "nothing stored in the future")
-	page, err := f.client.ListDeadLetters(ctx, supervisor.DLQListRequest{Limit: 1})
+	page, err := f.client.ListDeadLetters(ctx, jetfleet.DLQListRequest{Limit: 1})
 	require.NoError(t, err)
 	require.Len(t, page.Letters, 1)
 	require.NotZero(t, page.Next, "a second page")
-	page2, err := f.client.ListDeadLetters(ctx, supervisor.DLQListRequest{Limit: 1, After: page.Next})
+	page2, err := f.client.ListDeadLetters(ctx, jetfleet.DLQListRequest{Limit: 1, After: page.Next})
 	require.NoError(t, err)
 	require.Len(t, page2.Letters, 1)
 	assert.NotEqual(t, page.Letters[0].Sequence, page2.Letters[0].Sequence)
@@ -89,7 +90,7 @@ func TestReplayRunsDeadLetterAgainAndPurgeRemovesIt(t *testing.T) {
 	assert.Equal(t, []string{"acme"}, doc.GetHeaders()["X-Tenant"].GetValues())
 
 	healthy.Store(true)
-	res, err := f.client.Replay(ctx, supervisor.ReplayRequest{Sequence: letter.Sequence})
+	res, err := f.client.ReplayDeadLetters(ctx, jetfleet.ReplayRequest{Sequence: letter.Sequence})
 	require.NoError(t, err)
 	require.Len(t, res.Results, 1)
 	replayed := res.Results[0]
@@ -104,7 +105,7 @@ func TestReplayRunsDeadLetterAgainAndPurgeRemovesIt(t *testing.T) {
 	assert.Equal(t, run{1, "DLQ:" + strconv.FormatUint(letter.Sequence, 10), "acme", `{"cents":500}`}, runs[1])
 	mu.Unlock()
 
-	again, err := f.client.Replay(ctx, supervisor.ReplayRequest{Sequence: letter.Sequence})
+	again, err := f.client.ReplayDeadLetters(ctx, jetfleet.ReplayRequest{Sequence: letter.Sequence})
 	require.NoError(t, err)
 	assert.True(t, again.Results[0].AlreadyReplayed, "a letter is replayed once")
 	assert.Equal(t, replayed.JobSequence, again.Results[0].JobSequence)
@@ -114,14 +115,14 @@ func TestReplayRunsDeadLetterAgainAndPurgeRemovesIt(t *testing.T) {
 	assert.Equal(t, 1, shown.Replay.Count)
 
 	// A filter or all is required for a bulk operation.
-	_, err = f.client.Purge(ctx, supervisor.PurgeRequest{})
+	_, err = f.client.PurgeDeadLetters(ctx, jetfleet.PurgeRequest{})
 	assert.True(t, errors.Is(err, protocol.Code(protocol.CodeInvalidArgument)), "%v", err)
-	purged, err := f.client.Purge(ctx, supervisor.PurgeRequest{Sequence: letter.Sequence})
+	purged, err := f.client.PurgeDeadLetters(ctx, jetfleet.PurgeRequest{Sequence: letter.Sequence})
 	require.NoError(t, err)
 	assert.Equal(t, 1, purged.Purged)
 	_, err = f.client.DeadLetter(ctx, letter.Sequence)
 	assert.True(t, errors.Is(err, protocol.Code(protocol.CodeNotFound)), "%v", err)
-	purged, err = f.client.Purge(ctx, supervisor.PurgeRequest{DLQFilter: supervisor.DLQFilter{Kind: "other"}})
+	purged, err = f.client.PurgeDeadLetters(ctx, jetfleet.PurgeRequest{DLQFilter: jetfleet.DLQFilter{Kind: "other"}})
 	require.NoError(t, err)
 	assert.Equal(t, 1, purged.Purged)
 	assert.Zero(t, fleettest.StreamMsgs(t, f.js, protocol.StreamDLQ))
@@ -155,19 +156,19 @@ func TestFilteredReplay(t *testing.T) {
 	}
 	healthy.Store(true)
 	ctx := fleettest.Ctx(t, 30*time.Second)
-	filter := supervisor.DLQFilter{Queue: "default", Kind: "batch"}
-	first, err := f.client.Replay(ctx, supervisor.ReplayRequest{DLQFilter: filter, Limit: 1})
+	filter := jetfleet.DLQFilter{Queue: "default", Kind: "batch"}
+	first, err := f.client.ReplayDeadLetters(ctx, jetfleet.ReplayRequest{DLQFilter: filter, Limit: 1})
 	require.NoError(t, err)
 	require.Len(t, first.Results, 1)
 	assert.Equal(t, "b-1", first.Results[0].JobID)
 	require.True(t, first.Truncated)
 	require.NotZero(t, first.Next)
-	second, err := f.client.Replay(ctx, supervisor.ReplayRequest{DLQFilter: filter, Limit: 1, After: first.Next})
+	second, err := f.client.ReplayDeadLetters(ctx, jetfleet.ReplayRequest{DLQFilter: filter, Limit: 1, After: first.Next})
 	require.NoError(t, err)
 	require.Len(t, second.Results, 1)
 	assert.Equal(t, "b-2", second.Results[0].JobID, "the next page")
 	// Starting over: the two replayed letters are skipped, not counted.
-	rest, err := f.client.Replay(ctx, supervisor.ReplayRequest{All: true, Limit: 1})
+	rest, err := f.client.ReplayDeadLetters(ctx, jetfleet.ReplayRequest{All: true, Limit: 1})
 	require.NoError(t, err)
 	require.Len(t, rest.Results, 1)
 	assert.Equal(t, "b-3", rest.Results[0].JobID)
@@ -177,11 +178,11 @@ func TestFilteredReplay(t *testing.T) {
 	for _, id := range []string{"b-1", "b-2", "b-3"} {
 		f.events.WaitFor(t, 10*time.Second, id, protocol.EventSucceeded)
 	}
-	res, err := f.client.Replay(ctx, supervisor.ReplayRequest{All: true})
+	res, err := f.client.ReplayDeadLetters(ctx, jetfleet.ReplayRequest{All: true})
 	require.NoError(t, err)
 	assert.Empty(t, res.Results)
 	assert.Equal(t, 3, res.AlreadyReplayed)
-	forced, err := f.client.Replay(ctx, supervisor.ReplayRequest{Sequence: first.Results[0].DLQSequence, Force: true})
+	forced, err := f.client.ReplayDeadLetters(ctx, jetfleet.ReplayRequest{Sequence: first.Results[0].DLQSequence, Force: true})
 	require.NoError(t, err)
 	assert.False(t, forced.Results[0].AlreadyReplayed)
 	assert.NotEqual(t, first.Results[0].JobSequence, forced.Results[0].JobSequence)

@@ -18,6 +18,7 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/agent"
 	"github.com/jetfleet/jetfleet/pkg/clock"
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 	"github.com/jetfleet/jetfleet/pkg/scheduler"
@@ -277,12 +278,12 @@ func TestScheduleAutoPausedAfterConsecutiveFailures(t *testing.T) {
 		}, agent.KindOptions{}))
 	})
 	ctx := fleettest.Ctx(t, 30*time.Second)
-	schedules := scheduler.NewClient(f.nc)
-	_, err = schedules.Add(ctx, &scheduler.Schedule{ID: "nightly", Spec: scheduler.Spec{Cron: "0 3 1 1 *"},
-		Target: scheduler.Target{Queue: "default", Kind: "report"}})
+	schedules := jetfleet.NewClient(f.nc)
+	_, err = schedules.AddSchedule(ctx, &jetfleet.Schedule{ID: "nightly", Spec: jetfleet.Spec{Cron: "0 3 1 1 *"},
+		Target: jetfleet.Target{Queue: "default", Kind: "report"}})
 	require.NoError(t, err)
 	for i := range 3 {
-		res, err := schedules.Trigger(ctx, "nightly")
+		res, err := schedules.TriggerSchedule(ctx, "nightly")
 		require.NoError(t, err, "trigger %d", i)
 		f.events.WaitFor(t, 10*time.Second, res.JobID, protocol.EventDead)
 	}
@@ -291,11 +292,11 @@ func TestScheduleAutoPausedAfterConsecutiveFailures(t *testing.T) {
 	require.NoError(t, protocol.Unmarshal(m.Data, &ev))
 	assert.Equal(t, protocol.EventPaused, ev.GetType())
 	assert.Contains(t, ev.GetReason(), "auto-paused by the supervisor after 3 failed runs in a row")
-	info, err := schedules.Get(ctx, "nightly")
+	info, err := schedules.GetSchedule(ctx, "nightly")
 	require.NoError(t, err)
 	assert.True(t, info.Schedule.Paused)
 
-	hist, err := f.client.History(ctx, supervisor.HistoryRequest{ScheduleID: "nightly"})
+	hist, err := f.client.History(ctx, jetfleet.HistoryRequest{ScheduleID: "nightly"})
 	require.NoError(t, err)
 	assert.Equal(t, 3, hist.Stats.Executions)
 	assert.Equal(t, 3, hist.Stats.ConsecutiveFailures)

@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
-	"github.com/jetfleet/jetfleet/pkg/scheduler"
 	"github.com/jetfleet/jetfleet/pkg/telemetry"
 )
 
@@ -175,15 +173,15 @@ func (s *Supervisor) handleEvent(ctx context.Context, m jetstream.Msg) error {
 	if err != nil {
 		return nil
 	}
-	parts := strings.Split(m.Subject(), ".")
+	subject, _ := protocol.ParseEventSubject(m.Subject())
 	switch {
-	case len(parts) == 6 && parts[1] == "job":
+	case subject.Of == "job":
 		var ev jetfleetpb.JobEvent
 		if err := protocol.Unmarshal(m.Data(), &ev); err != nil {
 			return nil
 		}
 		return s.handleJobEvent(ctx, &ev, meta.Sequence.Stream)
-	case len(parts) == 4 && parts[1] == "schedule" && parts[3] == protocol.EventFired:
+	case subject.Of == "schedule" && subject.Type == protocol.EventFired:
 		var ev jetfleetpb.ScheduleEvent
 		if err := protocol.Unmarshal(m.Data(), &ev); err != nil {
 			return nil
@@ -250,7 +248,7 @@ func (s *Supervisor) pauseSchedule(ctx context.Context, ev *jetfleetpb.JobEvent,
 	note := fmt.Sprintf("auto-paused by the supervisor after %d failed runs in a row (last: job %s, %s)", failures, ev.GetJobId(), ev.GetReason())
 	rctx, cancel := s.requestCtx(ctx)
 	defer cancel()
-	_, err := scheduler.NewClient(s.nc).Pause(rctx, id, note)
+	_, err := s.client.PauseSchedule(rctx, id, note)
 	if err != nil {
 		s.log.Error("cannot auto-pause a failing schedule", telemetry.LogScheduleID, id, telemetry.LogError, err)
 	} else {

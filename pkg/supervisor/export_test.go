@@ -8,11 +8,6 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 )
 
-// WaitLeading waits until the replica leads (or, with false, does not).
-func (s *Supervisor) WaitLeading(ctx context.Context, leading bool) error {
-	return s.leading.Wait(ctx, leading)
-}
-
 // Reconcile runs one reconciliation pass of max deliveries now.
 func (s *Supervisor) Reconcile(ctx context.Context) (int, error) { return s.reconcile(ctx) }
 

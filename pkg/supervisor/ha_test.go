@@ -11,6 +11,7 @@ import (
 
 	"github.com/jetfleet/jetfleet/pkg/agent"
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 	"github.com/jetfleet/jetfleet/pkg/supervisor"
@@ -75,7 +76,7 @@ func TestReplicasActOnce(t *testing.T) {
 	}
 	// Both replicas see the agent dead; either answers the API.
 	waitFor(t, 5*time.Second, "both replicas to see doomed-1 dead", func() bool {
-		return s1.AgentStates()["doomed-1"] == supervisor.AgentDead && s2.AgentStates()["doomed-1"] == supervisor.AgentDead
+		return s1.AgentStates()["doomed-1"] == jetfleet.AgentDead && s2.AgentStates()["doomed-1"] == jetfleet.AgentDead
 	})
 	status, err := f.client.Status(ctx)
 	require.NoError(t, err)

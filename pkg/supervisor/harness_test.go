@@ -12,11 +12,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/jetfleet/jetfleet/pkg/agent"
 	"github.com/jetfleet/jetfleet/pkg/clock"
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/natstest"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
@@ -25,13 +25,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// The embedded server and the nats.go client keep background goroutines
-		// until their last references go; they are not ours.
-		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).syncBlocks"),
-		goleak.IgnoreAnyFunction("go.opencensus.io/stats/view.(*worker).start"),
-	)
+	natstest.VerifyNoLeaks(m)
 }
 
 // fixture is a JetStream server with the topology provisioned, a
@@ -45,7 +39,7 @@ type fixture struct {
 	nc       *nats.Conn
 	js       jetstream.JetStream
 	events   *fleettest.Events
-	client   *supervisor.Client
+	client   *jetfleet.Client
 	// logs records what the supervisors and agents log.
 	logs *fleettest.Logs
 }
@@ -58,7 +52,7 @@ func setup(t *testing.T, topo topology.Config) *fixture {
 	stopping := &sync.WaitGroup{}
 	t.Cleanup(stopping.Wait) // runs after every agent's own cleanup
 	return &fixture{stopping: stopping, srv: srv, topo: topo, nc: nc, js: js, events: fleettest.WatchJobEvents(t, nc),
-		client: supervisor.NewClient(nc), logs: fleettest.NewLogs()}
+		client: jetfleet.NewClient(nc), logs: fleettest.NewLogs()}
 }
 
 // startSupervisor starts a replica on its own connection; it is stopped at
@@ -127,7 +121,7 @@ func (f *fixture) startAgent(t *testing.T, url string, cfg agent.Config, registe
 	}
 	env := fleettest.NewEnvURL(t, url, f.topo)
 	env.Logger = f.logs.Wrap(env.Logger)
-	a, err := agent.New(cfg, env.Env)
+	a, err := agent.New(env.Env.Conn, cfg, agent.WithEnv(env.Env))
 	require.NoError(t, err)
 	register(a)
 	require.NoError(t, a.Start(fleettest.Ctx(t, 10*time.Second)))

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 )
@@ -221,19 +222,6 @@ func (h *history) flush(ctx context.Context) error {
 	return nil
 }
 
-// Stats aggregates executions.
-type Stats struct {
-	Executions  int     `json:"executions"`
-	Succeeded   int     `json:"succeeded"`
-	Dead        int     `json:"dead"`
-	SuccessRate float64 `json:"success_rate"`
-	// P50 and P95 are percentiles of the last attempt's run time.
-	P50 time.Duration `json:"p50"`
-	P95 time.Duration `json:"p95"`
-	// ConsecutiveFailures is the count of dead runs in a row at the end.
-	ConsecutiveFailures int `json:"consecutive_failures"`
-}
-
 // readHistory reads the records on subject filter, newest first.
 func (s *Supervisor) readHistory(ctx context.Context, filter string, limit int) ([]*jetfleetpb.Execution, error) {
 	info, err := s.store.Info(ctx)
@@ -263,8 +251,8 @@ func (s *Supervisor) readHistory(ctx context.Context, filter string, limit int) 
 }
 
 // statsOf aggregates executions given newest first.
-func statsOf(recs []*jetfleetpb.Execution) Stats {
-	st := Stats{Executions: len(recs)}
+func statsOf(recs []*jetfleetpb.Execution) jetfleet.HistoryStats {
+	st := jetfleet.HistoryStats{Executions: len(recs)}
 	var durations []time.Duration
 	counting := true
 	for _, r := range recs {

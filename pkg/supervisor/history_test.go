@@ -15,6 +15,7 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/agent"
 	"github.com/jetfleet/jetfleet/pkg/config"
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 	"github.com/jetfleet/jetfleet/pkg/supervisor"
@@ -57,10 +58,10 @@ func TestHistoryStatusAndJobViews(t *testing.T) {
 		f.events.WaitFor(t, 10*time.Second, id, typ)
 	}
 	ctx := fleettest.Ctx(t, 30*time.Second)
-	var hist *supervisor.HistoryResponse
+	var hist *jetfleet.HistoryResponse
 	waitFor(t, 10*time.Second, "the history of the last 5 runs", func() bool {
 		var err error
-		hist, err = f.client.History(ctx, supervisor.HistoryRequest{Kind: "resize"})
+		hist, err = f.client.History(ctx, jetfleet.HistoryRequest{Kind: "resize"})
 		return err == nil && hist.Stats.Executions == 5 && hist.Stats.Dead == 1
 	})
 	st := hist.Stats
@@ -84,31 +85,31 @@ func TestHistoryStatusAndJobViews(t *testing.T) {
 	assert.Equal(t, uint32(1), recs[1].GetAttempts())
 	assert.NotEmpty(t, recs[1].GetTraceId())
 	assert.GreaterOrEqual(t, recs[1].GetDuration().AsDuration(), 60*time.Millisecond)
-	inQueue, err := f.client.History(ctx, supervisor.HistoryRequest{Kind: "resize", Queue: "default", Limit: 2})
+	inQueue, err := f.client.History(ctx, jetfleet.HistoryRequest{Kind: "resize", Queue: "default", Limit: 2})
 	require.NoError(t, err)
 	assert.Len(t, inQueue.Executions, 2)
-	_, err = f.client.History(ctx, supervisor.HistoryRequest{})
+	_, err = f.client.History(ctx, jetfleet.HistoryRequest{})
 	assert.True(t, errors.Is(err, protocol.Code(protocol.CodeInvalidArgument)), "%v", err)
 
-	job, err := f.client.Job(ctx, supervisor.JobRequest{JobID: "img-0"})
+	job, err := f.client.JobDetail(ctx, jetfleet.JobDetailRequest{JobID: "img-0"})
 	require.NoError(t, err)
 	ev, err := job.Decode()
 	require.NoError(t, err)
 	assert.Equal(t, protocol.EventSucceeded, ev.GetType())
 	assert.Empty(t, job.Running)
-	_, err = f.client.Job(ctx, supervisor.JobRequest{JobID: "nope"})
+	_, err = f.client.JobDetail(ctx, jetfleet.JobDetailRequest{JobID: "nope"})
 	assert.True(t, errors.Is(err, protocol.Code(protocol.CodeNotFound)), "%v", err)
 
 	fleettest.Publish(t, f.js, protocol.Job{ID: "held-1", Queue: "default", Kind: "hold", Timeout: time.Hour})
-	var running *supervisor.JobResponse
+	var running *jetfleet.JobDetail
 	waitFor(t, 10*time.Second, "a heartbeat listing held-1", func() bool {
-		running, err = f.client.Job(ctx, supervisor.JobRequest{JobID: "held-1", Queue: "default", Kind: "hold"})
+		running, err = f.client.JobDetail(ctx, jetfleet.JobDetailRequest{JobID: "held-1", Queue: "default", Kind: "hold"})
 		return err == nil && len(running.Running) == 1
 	})
 	assert.Equal(t, "a-1", running.Running[0].AgentID)
 	assert.Equal(t, "running", running.Running[0].State)
 	assert.WithinDuration(t, time.Now().Add(time.Hour), running.Running[0].Deadline, time.Minute)
-	jobs, err := f.client.Jobs(ctx, supervisor.JobsRequest{Kind: "hold"})
+	jobs, err := f.client.RunningJobs(ctx, jetfleet.RunningJobsRequest{Kind: "hold"})
 	require.NoError(t, err)
 	require.Len(t, jobs.Jobs, 1)
 
@@ -125,7 +126,7 @@ func TestHistoryStatusAndJobViews(t *testing.T) {
 	agents, err := f.client.Agents(ctx)
 	require.NoError(t, err)
 	require.Len(t, agents.Agents, 1)
-	assert.Equal(t, supervisor.AgentAlive, agents.Agents[0].State)
+	assert.Equal(t, jetfleet.AgentAlive, agents.Agents[0].State)
 	assert.Equal(t, []string{"hold", "resize"}, agents.Agents[0].Kinds)
 }
 
@@ -178,10 +179,10 @@ func publishDeadEvents(t *testing.T, js jetstream.JetStream, from, to int) []uin
 func waitHistoryInOrder(t *testing.T, f *fixture, n int) {
 	t.Helper()
 	ctx := fleettest.Ctx(t, 30*time.Second)
-	var hist *supervisor.HistoryResponse
+	var hist *jetfleet.HistoryResponse
 	waitFor(t, 15*time.Second, fmt.Sprintf("%d execution records", n), func() bool {
 		var err error
-		hist, err = f.client.History(ctx, supervisor.HistoryRequest{Kind: "flaky"})
+		hist, err = f.client.History(ctx, jetfleet.HistoryRequest{Kind: "flaky"})
 		return err == nil && hist.Stats.Executions >= n
 	})
 	recs, err := hist.Decode()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -30,22 +29,7 @@ func (s *Supervisor) latestEvent(ctx context.Context, queue, kind, jobID string)
 }
 
 func (s *Supervisor) latestEventSeq(ctx context.Context, queue, kind, jobID string) (*jetfleetpb.JobEvent, uint64, error) {
-	subject := protocol.JobEventsOfID(jobID)
-	if queue != "" && kind != "" {
-		subject = protocol.JobEventsOfJob(queue, kind, jobID)
-	}
-	m, err := s.events.GetLastMsgForSubject(ctx, subject)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, 0, nil
-	}
-	if err != nil {
-		return nil, 0, err
-	}
-	var ev jetfleetpb.JobEvent
-	if err := protocol.Unmarshal(m.Data, &ev); err != nil {
-		return nil, 0, err
-	}
-	return &ev, m.Sequence, nil
+	return protocol.LatestJobEvent(ctx, s.events, queue, kind, jobID)
 }
 
 // publishJobEvent stores a job event and waits for the server. msgID makes
@@ -65,7 +49,7 @@ func (s *Supervisor) publishJobEvent(ctx context.Context, ev *jetfleetpb.JobEven
 
 // deadLetterSeq moves the job message at seq in JOBS to the dead-letter
 // stream: GetMsg → publish the DeadLetter with Nats-Msg-Id
-// dlq:JOBS:<seq> → DeleteMsg → dead event. Every step is idempotent and a
+// dlq:JOBS:<seq> → dead event → DeleteMsg. Every step is idempotent and a
 // message already gone is a no-op, so running it twice, or on two
 // replicas, yields one dead letter. It reports whether it wrote one.
 // Leadership is checked again right before the steps that act on JOBS and
@@ -84,12 +68,8 @@ func (s *Supervisor) deadLetterSeq(ctx context.Context, seq uint64, reason strin
 		return false, fmt.Errorf("get JOBS %d: %w", seq, err)
 	}
 	job, _ := protocol.ParseJob(m.Subject, m.Header, m.Data)
-	if job.ID == "" {
-		job.ID = protocol.FallbackJobID(seq)
-	}
-	if job.Queue == "" {
-		job.Queue, job.Kind = subjectTokens(m.Subject)
-	}
+	dl := protocol.NewDeadLetter(job, m.Subject, m.Header, m.Data, seq, s.clk.Now())
+	job.ID, job.Queue, job.Kind = dl.GetJobId(), dl.GetQueue(), dl.GetKind()
 	prev, err := s.latestEvent(rctx, job.Queue, job.Kind, job.ID)
 	if err != nil {
 		return false, fmt.Errorf("latest event of %s: %w", job.ID, err)
@@ -97,12 +77,7 @@ func (s *Supervisor) deadLetterSeq(ctx context.Context, seq uint64, reason strin
 	if prev != nil && prev.GetStreamSequence() != seq {
 		prev = nil
 	}
-	dl := &jetfleetpb.DeadLetter{
-		JobId: job.ID, Queue: job.Queue, Kind: job.Kind, Reason: reason, Attempts: uint32(deliveries),
-		OriginalSubject: m.Subject, OriginalStream: protocol.StreamJobs, OriginalSequence: seq,
-		Headers: protocol.HeadersDoc(m.Header), Payload: m.Data, FailedAt: timestampNow(s.clk),
-		ErrorCode: protocol.CodeAgentLost,
-	}
+	dl.Reason, dl.Attempts, dl.ErrorCode = reason, uint32(deliveries), protocol.CodeAgentLost
 	if prev != nil {
 		dl.LastError, dl.TraceId, dl.OutputTail = prev.GetError(), prev.GetTraceId(), prev.GetOutputTail()
 		if prev.GetErrorCode() != "" {
@@ -112,8 +87,13 @@ func (s *Supervisor) deadLetterSeq(ctx context.Context, seq uint64, reason strin
 			dl.Attempts = uint32(deliveries) - prev.GetSnoozes()
 		}
 	}
-	if reason == protocol.ReasonTimedOut {
+	switch reason {
+	case protocol.ReasonTimedOut:
 		dl.ErrorCode = protocol.CodeTimeout
+	case protocol.ReasonUnroutable:
+		dl.ErrorCode = protocol.CodeUnroutable
+	case protocol.ReasonInvalidSubject:
+		dl.ErrorCode = protocol.CodeInvalidSubject
 	}
 	if detail != "" {
 		if dl.LastError != "" {
@@ -133,15 +113,10 @@ func (s *Supervisor) deadLetterSeq(ctx context.Context, seq uint64, reason strin
 	if _, err := s.js.PublishMsg(rctx, msg); err != nil {
 		return false, fmt.Errorf("publish dead letter of JOBS %d: %w", seq, err)
 	}
-	if !s.IsLeader() {
-		return false, errNotLeader
-	}
-	if err := s.jobs.DeleteMsg(rctx, seq); err != nil {
-		// Gone already (another replica, a concurrent TERM) is fine.
-		if _, gerr := s.jobs.GetMsg(rctx, seq); !errors.Is(gerr, jetstream.ErrMsgNotFound) {
-			return false, fmt.Errorf("delete JOBS %d: %w", seq, err)
-		}
-	}
+	// The dead event is stored before the job leaves JOBS: removed
+	// without it, the job's run would be over with no outcome in its
+	// history. Its message id makes a second one (a retry, the agent's
+	// own) the same event.
 	ev := &jetfleetpb.JobEvent{Type: protocol.EventDead, JobId: job.ID, Queue: job.Queue, Kind: job.Kind,
 		Time: timestampNow(s.clk), StreamSequence: seq, Delivered: deliveries, Reason: reason,
 		Error: dl.LastError, ErrorCode: dl.ErrorCode, ScheduleId: job.ScheduleID, Attempt: dl.Attempts}
@@ -151,24 +126,19 @@ func (s *Supervisor) deadLetterSeq(ctx context.Context, seq uint64, reason strin
 	if prev != nil {
 		ev.Snoozes, ev.MaxAttempts, ev.TraceId, ev.StartedAt = prev.GetSnoozes(), prev.GetMaxAttempts(), prev.GetTraceId(), prev.GetStartedAt()
 	}
-	if err := s.publishJobEvent(rctx, ev, "dead:"+protocol.DeadLetterMsgID(protocol.StreamJobs, seq)); err != nil {
-		s.log.Warn("dead event not stored", telemetry.LogJobID, job.ID, telemetry.LogError, err)
+	if err := s.publishJobEvent(rctx, ev, protocol.JobEventMsgID(protocol.EventDead, seq, 0)); err != nil {
+		return false, fmt.Errorf("dead event of JOBS %d: %w", seq, err)
+	}
+	if !s.IsLeader() {
+		return false, errNotLeader
+	}
+	if err := s.jobs.DeleteMsg(rctx, seq); err != nil {
+		// Gone already (another replica, a concurrent TERM) is fine.
+		if _, gerr := s.jobs.GetMsg(rctx, seq); !errors.Is(gerr, jetstream.ErrMsgNotFound) {
+			return false, fmt.Errorf("delete JOBS %d: %w", seq, err)
+		}
 	}
 	s.log.Warn("dead-lettered a job", telemetry.LogJobID, job.ID, telemetry.LogQueue, job.Queue, telemetry.LogKind, job.Kind,
 		"reason", reason, "stream_sequence", seq, "deliveries", deliveries)
 	return true, nil
-}
-
-// subjectTokens returns a queue and kind usable in subjects for a job
-// message whose subject does not parse.
-func subjectTokens(subject string) (queue, kind string) {
-	parts := strings.Split(subject, ".")
-	queue, kind = "_invalid", "_invalid"
-	if len(parts) > 1 && protocol.ValidateToken("queue", parts[1]) == nil {
-		queue = parts[1]
-	}
-	if len(parts) == 3 && protocol.ValidateToken("kind", parts[2]) == nil {
-		kind = parts[2]
-	}
-	return queue, kind
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/jetfleet/jetfleet/pkg/agent"
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/natstest"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
@@ -130,7 +131,7 @@ func TestKillNineRescuesInFlightJobsWithinSeconds(t *testing.T) {
 	for _, a := range agents.Agents {
 		states[a.ID] = a.State
 	}
-	assert.Equal(t, map[string]string{"victim": supervisor.AgentDead, "rescuer-1": supervisor.AgentAlive, "rescuer-2": supervisor.AgentAlive}, states)
+	assert.Equal(t, map[string]string{"victim": jetfleet.AgentDead, "rescuer-1": jetfleet.AgentAlive, "rescuer-2": jetfleet.AgentAlive}, states)
 
 	// The rescues surface on /metrics. A rescue is counted just after its
 	// NAK, which may be after the job it freed succeeded elsewhere.
@@ -212,7 +213,7 @@ func TestSlowAgentIsNotDeclaredDead(t *testing.T) {
 	agents, err := f.client.Agents(fleettest.Ctx(t, 5*time.Second))
 	require.NoError(t, err)
 	require.Len(t, agents.Agents, 1)
-	assert.Equal(t, supervisor.AgentAlive, agents.Agents[0].State)
+	assert.Equal(t, jetfleet.AgentAlive, agents.Agents[0].State)
 
 	close(release)
 	for i := range 3 {
@@ -359,7 +360,7 @@ func TestStalledSupervisorDoesNotRescueLiveAgents(t *testing.T) {
 	<-held
 	beats.wait(t, 10*time.Second, time.Now(), func(hb *jetfleetpb.Heartbeat) bool { return len(hb.GetJobs()) == 1 })
 	waitFor(t, 10*time.Second, "the supervisor to list the job", func() bool {
-		jobs, err := f.client.Jobs(fleettest.Ctx(t, 5*time.Second), supervisor.JobsRequest{AgentID: "healthy-a"})
+		jobs, err := f.client.RunningJobs(fleettest.Ctx(t, 5*time.Second), jetfleet.RunningJobsRequest{AgentID: "healthy-a"})
 		return err == nil && len(jobs.Jobs) == 1
 	})
 	// A second agent would run the job again, were it released.
@@ -373,7 +374,7 @@ func TestStalledSupervisorDoesNotRescueLiveAgents(t *testing.T) {
 	states, err := f.client.Agents(fleettest.Ctx(t, 5*time.Second)) // answered through the stalled connection
 	require.NoError(t, err)
 	for _, a := range states.Agents {
-		assert.Equal(t, supervisor.AgentAlive, a.State, a.ID)
+		assert.Equal(t, jetfleet.AgentAlive, a.State, a.ID)
 	}
 
 	close(release)
@@ -411,7 +412,7 @@ func TestRestartWithSameIDRescuesAtOnce(t *testing.T) {
 	<-held
 	beats.wait(t, 10*time.Second, time.Now(), func(hb *jetfleetpb.Heartbeat) bool { return len(hb.GetJobs()) == 1 })
 	waitFor(t, 10*time.Second, "the supervisor to list the job", func() bool {
-		jobs, err := f.client.Jobs(fleettest.Ctx(t, 5*time.Second), supervisor.JobsRequest{AgentID: "host-1"})
+		jobs, err := f.client.RunningJobs(fleettest.Ctx(t, 5*time.Second), jetfleet.RunningJobsRequest{AgentID: "host-1"})
 		return err == nil && len(jobs.Jobs) == 1
 	})
 	killedAt := time.Now()
@@ -500,7 +501,7 @@ func TestFollowerVerdictIsProbedBeforeRescue(t *testing.T) {
 	require.NoError(t, sup.WaitLeading(ctx, true))
 	f.logs.Wait(t, 10*time.Second, "of the leader's probe", fleettest.MatchLog("agent missed heartbeats but answers; not declared dead", "agent_id", "ghost"))
 	assert.Positive(t, answered.Load())
-	assert.Equal(t, supervisor.AgentAlive, sup.AgentStates()["ghost"])
+	assert.Equal(t, jetfleet.AgentAlive, sup.AgentStates()["ghost"])
 	assert.Zero(t, countEvents(f.events, "ghost-job", protocol.EventRescued), "a live agent's job was rescued")
 }
 
@@ -654,7 +655,7 @@ func TestAckOverdueNeedsAFreshHeartbeat(t *testing.T) {
 		require.NoError(t, f.nc.Flush())
 	}
 	states := func(agentID string) map[uint64]string {
-		res, err := f.client.Jobs(ctx, supervisor.JobsRequest{AgentID: agentID})
+		res, err := f.client.RunningJobs(ctx, jetfleet.RunningJobsRequest{AgentID: agentID})
 		require.NoError(t, err)
 		out := map[uint64]string{}
 		for _, j := range res.Jobs {

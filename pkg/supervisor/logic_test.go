@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 )
@@ -45,9 +46,9 @@ func TestStatsOf(t *testing.T) {
 		rec(protocol.EventDead, 30*time.Millisecond),
 	}
 	st := statsOf(recs)
-	assert.Equal(t, Stats{Executions: 5, Succeeded: 2, Dead: 3, SuccessRate: 0.4, P50: 10 * time.Millisecond,
+	assert.Equal(t, jetfleet.HistoryStats{Executions: 5, Succeeded: 2, Dead: 3, SuccessRate: 0.4, P50: 10 * time.Millisecond,
 		P95: 30 * time.Millisecond, ConsecutiveFailures: 2}, st)
-	assert.Equal(t, Stats{}, statsOf(nil))
+	assert.Equal(t, jetfleet.HistoryStats{}, statsOf(nil))
 	for _, tc := range []struct {
 		n    int
 		p    float64

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 	"github.com/jetfleet/jetfleet/pkg/telemetry"
@@ -30,7 +31,7 @@ func (t *tracker) checkJobs(ctx context.Context, now time.Time, leader bool) {
 		job   *jetfleetpb.InFlightJob
 	}
 	var jobs []held
-	var overdueJobs []RunningJob
+	var overdueJobs []jetfleet.RunningJob
 	t.mu.Lock()
 	listed := map[deliveryKey]bool{}
 	for id, a := range t.agents {
@@ -64,7 +65,7 @@ func (t *tracker) checkJobs(ctx context.Context, now time.Time, leader bool) {
 			delete(t.reported, k)
 		}
 	}
-	var report []RunningJob
+	var report []jetfleet.RunningJob
 	for _, r := range overdueJobs {
 		k := deliveryKey{r.StreamSequence, r.Delivered}
 		if !t.reported[k] {
@@ -233,7 +234,7 @@ func (s *Supervisor) failAttempt(ctx context.Context, agent string, j *jetfleetp
 			ev.Snoozes, ev.MaxAttempts, ev.ScheduleId, ev.NominalTime, ev.TraceId =
 				prev.GetSnoozes(), prev.GetMaxAttempts(), prev.GetScheduleId(), prev.GetNominalTime(), prev.GetTraceId()
 		}
-		if err := s.publishJobEvent(rctx, ev, fmt.Sprintf("timed_out:%s:%d:%d", protocol.StreamJobs, j.GetStreamSequence(), ack.Delivered)); err != nil {
+		if err := s.publishJobEvent(rctx, ev, protocol.JobEventMsgID(protocol.EventTimedOut, j.GetStreamSequence(), ack.Delivered)); err != nil {
 			log.Warn("timed_out event not stored; retrying", telemetry.LogError, err)
 			return false
 		}
@@ -254,7 +255,7 @@ func (s *Supervisor) failAttempt(ctx context.Context, agent string, j *jetfleetp
 		if !t.current(k) {
 			return true
 		}
-		if err := s.nc.Publish(j.GetReplySubject(), []byte(protocol.NakBody)); err != nil {
+		if err := protocol.NakOnBehalf(s.nc, j.GetReplySubject()); err != nil {
 			log.Warn("NAK of a timed-out job not sent; retrying", telemetry.LogError, err)
 			return false
 		}
@@ -266,4 +267,17 @@ func (s *Supervisor) failAttempt(ctx context.Context, agent string, j *jetfleetp
 		Error: lastErr, Summary: fmt.Sprintf("job %s on agent %s ignored its deadline; attempt failed (%s)",
 			j.GetJobId(), agent, policy.TimeoutAction)})
 	return true
+}
+
+// ackOverdueLocked reports whether agent a still holds delivery j although
+// JetStream delivered the job message again since (its ack or progress did
+// not arrive within AckWait). Heartbeats of two agents have different ages:
+// an agent that answered the job (a retry with a short backoff) lists it in
+// the heartbeat it sent before, while the agent running the next delivery
+// reports it at once. So the holder's listing only counts from a heartbeat
+// received one of its intervals after the later delivery was first seen:
+// that heartbeat was built after the redelivery.
+func (t *tracker) ackOverdueLocked(a *agentView, j *jetfleetpb.InFlightJob) bool {
+	sd, ok := t.seen[j.GetStreamSequence()]
+	return ok && sd.delivered > j.GetDelivered() && a.lastSeen.Sub(sd.first) >= interval(a.hb)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/agent"
 	"github.com/jetfleet/jetfleet/pkg/clock"
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/supervisor"
 	"github.com/jetfleet/jetfleet/pkg/topology"
@@ -64,7 +65,7 @@ func TestOverdueJobIsCancelledThenFailed(t *testing.T) {
 	assert.Equal(t, "late-2", letters[0].GetJobId())
 	assert.Equal(t, protocol.ReasonTimedOut, letters[0].GetReason())
 
-	jobs, err := f.client.Jobs(fleettest.Ctx(t, 5*time.Second), supervisor.JobsRequest{AgentID: "sticky"})
+	jobs, err := f.client.RunningJobs(fleettest.Ctx(t, 5*time.Second), jetfleet.RunningJobsRequest{AgentID: "sticky"})
 	require.NoError(t, err)
 	states := map[string]string{} // by delivery: a heartbeat may still list late-1's second one
 	for _, j := range jobs.Jobs {

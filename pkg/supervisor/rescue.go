@@ -188,7 +188,7 @@ func (t *tracker) rescueJob(ctx context.Context, agent string, a *agentView, j *
 	}
 	// The event first: the next delivery reads it to count attempts, and it
 	// must never land after that delivery's own events.
-	if err := s.publishJobEvent(rctx, ev, fmt.Sprintf("rescued:%s:%d:%d", protocol.StreamJobs, j.GetStreamSequence(), ack.Delivered)); err != nil {
+	if err := s.publishJobEvent(rctx, ev, protocol.JobEventMsgID(protocol.EventRescued, j.GetStreamSequence(), ack.Delivered)); err != nil {
 		log.Warn("rescued event not stored; retrying the rescue", telemetry.LogError, err)
 		return false
 	}
@@ -198,7 +198,7 @@ func (t *tracker) rescueJob(ctx context.Context, agent string, a *agentView, j *
 			"stream_sequence", j.GetStreamSequence(), "delivered", ack.Delivered)
 		return false
 	}
-	if err := s.nc.Publish(j.GetReplySubject(), []byte(protocol.NakBody)); err != nil {
+	if err := protocol.NakOnBehalf(s.nc, j.GetReplySubject()); err != nil {
 		t.setUnnaked(k, true)
 		log.Warn("NAK not sent; retrying the rescue", telemetry.LogError, err)
 		return false

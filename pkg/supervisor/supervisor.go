@@ -12,12 +12,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
-	"github.com/nats-io/nuid"
 
 	"github.com/jetfleet/jetfleet/pkg/clock"
-	"github.com/jetfleet/jetfleet/pkg/lease"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/lifecycle"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/replica"
 	"github.com/jetfleet/jetfleet/pkg/service"
 	"github.com/jetfleet/jetfleet/pkg/topology"
 )
@@ -37,17 +37,20 @@ type Supervisor struct {
 	js       jetstream.JetStream
 	topo     topology.Config
 	leaseTTL time.Duration
-	holder   string
+	// rep is this replica's share of the supervisor's leadership: the
+	// lease, and the leader's tasks (leaderTasks).
+	rep *replica.Replica
 
 	jobs, dlq, events, store jetstream.Stream
 	agentsKV, leases         jetstream.KeyValue
 
+	// client calls the scheduler's API (pausing a failing schedule).
+	client  *jetfleet.Client
 	metrics *metrics
 	tracker *tracker
 	alerter *alerter
 	rates   *rates
 	history *history
-	el      *lease.Elector
 	svc     micro.Service
 	runner  lifecycle.Runner
 
@@ -55,10 +58,6 @@ type Supervisor struct {
 	// the reconciliation never both act on one message.
 	dlMu sync.Mutex
 
-	leaderMu     sync.Mutex
-	leaderCancel context.CancelFunc
-	leaderGen    uint64
-	leading      lifecycle.Flag
 	started      atomic.Bool
 	agentsLoaded atomic.Bool
 }
@@ -85,7 +84,7 @@ func New(cfg Config, env *service.Env, clk clock.Clock) (*Supervisor, error) {
 		clk = clock.Real()
 	}
 	s := &Supervisor{cfg: cfg, env: env, clk: clk, nc: env.Conn, leaseTTL: ttl,
-		log: env.ComponentLogger("supervisor"), holder: env.Name + "-" + nuid.Next()}
+		log: env.ComponentLogger("supervisor")}
 	if env.Base != nil {
 		s.topo = env.Base.Topology
 	}
@@ -94,6 +93,7 @@ func New(cfg Config, env *service.Env, clk clock.Clock) (*Supervisor, error) {
 		return nil, err
 	}
 	s.js = js
+	s.client = jetfleet.NewClient(env.Conn)
 	if env.Telemetry != nil {
 		s.metrics, err = newMetrics(env.Telemetry.MeterProvider)
 	} else {
@@ -141,13 +141,15 @@ func (s *Supervisor) Start(ctx context.Context) error {
 	if err := s.provision(ctx); err != nil {
 		return fail(err)
 	}
+	if err := topology.EnsureDeclaredQueues(ctx, s.js, s.topo); err != nil {
+		return fail(err)
+	}
 	if err := s.tracker.start(runCtx); err != nil {
 		return fail(fmt.Errorf("track agents: %w", err))
 	}
-	s.el = lease.New(lease.Config{KV: s.leases, Key: s.cfg.LeaseKey, Holder: s.holder, Role: "supervisor",
-		TTL: s.leaseTTL, Renew: s.cfg.RenewInterval, Acquire: s.cfg.AcquireInterval, Clock: clock.Real(), Log: s.log,
-		OnChange: func(leading bool) { s.onLeadership(runCtx, leading) }})
-	s.runner.Go(s.el.Run)
+	s.rep = replica.New(replica.Config{Role: "supervisor", Name: s.env.Name, Leases: s.leases, TTL: s.leaseTTL,
+		Lease: s.cfg.Settings, Log: s.log, OnChange: s.onLeadership, Tasks: s.leaderTasks()})
+	s.rep.Start(&s.runner)
 	s.runner.Go(s.checkLoop)
 	svc, err := s.serveAPI()
 	if err != nil {
@@ -160,7 +162,7 @@ func (s *Supervisor) Start(ctx context.Context) error {
 		return fail(fmt.Errorf("flush: %w", err))
 	}
 	s.started.Store(true)
-	s.log.Info("supervisor started", "holder", s.holder, "lease_ttl", s.leaseTTL.String(),
+	s.log.Info("supervisor started", "holder", s.rep.Holder(), "lease_ttl", s.leaseTTL.String(),
 		"dead_after_missed_heartbeats", s.cfg.MissedHeartbeats)
 	return nil
 }
@@ -233,12 +235,12 @@ func (s *Supervisor) Stop(ctx context.Context) error {
 	if s.svc != nil {
 		_ = s.svc.Stop()
 	}
-	if s.el != nil {
-		s.el.Resign()
+	if s.rep != nil {
+		s.rep.Resign()
 	}
 	err := s.runner.Stop(ctx)
-	if s.el != nil && s.nc.IsConnected() {
-		s.el.Release(ctx)
+	if s.rep != nil && s.nc.IsConnected() {
+		s.rep.Release(ctx)
 	}
 	s.alerter.stop(ctx)
 	return err
@@ -258,39 +260,46 @@ func (s *Supervisor) Ready(context.Context) error {
 	return nil
 }
 
+// WaitLeading waits until the replica leads (or, with false, does not), or
+// ctx ends.
+func (s *Supervisor) WaitLeading(ctx context.Context, leading bool) error {
+	return s.rep.WaitLeading(ctx, leading)
+}
+
 // IsLeader reports whether this replica holds the leader lease and acts.
-func (s *Supervisor) IsLeader() bool { return s.el != nil && s.el.IsLeader() && s.leading.Get() }
+func (s *Supervisor) IsLeader() bool { return s.rep != nil && s.rep.IsLeader() }
 
 // Holder is the replica's name in the leader lease.
-func (s *Supervisor) Holder() string { return s.holder }
+func (s *Supervisor) Holder() string { return s.rep.Holder() }
 
-// onLeadership starts the leader's loops when leadership is gained and
-// stops them when it is lost. Called from the elector's goroutine.
-func (s *Supervisor) onLeadership(runCtx context.Context, leading bool) {
-	s.leaderMu.Lock()
-	defer s.leaderMu.Unlock()
-	if s.leaderCancel != nil {
-		s.leaderCancel()
-		s.leaderCancel = nil
-	}
-	s.leading.Set(false)
-	s.metrics.leading.Store(0)
-	if !leading || runCtx.Err() != nil {
+// onLeadership prepares a replica that gains leadership — the leader's
+// caches start empty — and keeps the leading gauge. The leader's work is
+// its tasks.
+func (s *Supervisor) onLeadership(leading bool) {
+	if !leading {
+		s.metrics.leading.Store(0)
 		return
 	}
-	s.leaderGen++
-	ctx, cancel := context.WithCancel(runCtx)
-	s.leaderCancel = cancel
 	s.history.reset()
 	s.alerter.reset()
 	s.rates.reset()
-	s.leading.Set(true)
 	s.metrics.leading.Store(1)
-	s.runner.Go(func(context.Context) { s.consumeAdvisories(ctx) })
-	s.runner.Go(func(context.Context) { s.consumeDeadLetters(ctx) })
-	s.runner.Go(func(context.Context) { s.consumeEvents(ctx) })
-	s.runner.Go(func(context.Context) { s.reconcileLoop(ctx) })
-	s.runner.Go(func(context.Context) { s.rates.adopt(ctx) })
+}
+
+// leaderTasks are what only the leader does, each while it leads:
+// dead-letter jobs past max deliveries (from advisories, and by
+// reconciliation), escalate dead letters, read job events (history,
+// breaker samples, auto-pause), dead-letter jobs no queue serves, and adopt
+// the breakers' state.
+func (s *Supervisor) leaderTasks() []replica.Task {
+	return []replica.Task{
+		{Name: "max deliveries: advisories", Lead: s.consumeAdvisories},
+		{Name: "max deliveries: reconciliation", Lead: s.reconcileLoop},
+		{Name: "escalation: dead letters", Lead: s.consumeDeadLetters},
+		{Name: "history: job events", Lead: s.consumeEvents},
+		{Name: "queues: unroutable jobs", Lead: s.unroutableLoop},
+		{Name: "breakers: adopt", Lead: s.rates.adopt},
+	}
 }
 
 // checkLoop runs check every check_interval until the supervisor stops.

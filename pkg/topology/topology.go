@@ -306,8 +306,11 @@ func QueueConsumerConfig(queue string, q QueueConfig) jetstream.ConsumerConfig {
 	}
 }
 
-// EnsureQueue creates or updates the durable consumer of queue, keeping a
-// pause (set by the supervisor's circuit breaker) in place.
+// EnsureQueue creates the durable consumer of queue if it is missing. A
+// queue declared under topology.queues is also brought to its declared
+// settings; any other queue keeps the settings it was created with (by
+// `jetfleet queue add`, or the defaults). A pause (set by the supervisor's
+// circuit breaker) stays in place.
 func EnsureQueue(ctx context.Context, js jetstream.JetStream, c Config, queue string) (jetstream.Consumer, error) {
 	if err := protocol.ValidateToken("queue", queue); err != nil {
 		return nil, err
@@ -328,6 +331,9 @@ func EnsureQueue(ctx context.Context, js jetstream.JetStream, c Config, queue st
 	if have.FilterSubject != want.FilterSubject || have.AckPolicy != want.AckPolicy {
 		return nil, &IncompatibleError{Kind: "consumer", Name: want.Name,
 			Reason: fmt.Sprintf("filter %q with ack policy %s; jetfleet needs %q with %s", have.FilterSubject, have.AckPolicy, want.FilterSubject, want.AckPolicy)}
+	}
+	if !c.Declared(queue) {
+		return cons, nil
 	}
 	if have.AckWait == want.AckWait && have.MaxDeliver == want.MaxDeliver && have.MaxAckPending == want.MaxAckPending &&
 		have.Description == want.Description {

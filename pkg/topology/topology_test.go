@@ -286,3 +286,24 @@ func TestMaxJobSizeMustLeaveRoomForDeadLetters(t *testing.T) {
 	require.ErrorContains(t, err, "must be at most 696KiB")
 	require.NoError(t, topology.Config{MaxJobSize: 1 << 20}.CheckServer(8<<20))
 }
+
+func TestSubjectMatches(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		filter, subject string
+		want            bool
+	}{
+		{"jobs.default.>", "jobs.default.echo", true},
+		{"jobs.default.>", "jobs.default.a.b", true},
+		{"jobs.default.>", "jobs.default", false},
+		{"jobs.default.>", "jobs.other.echo", false},
+		{"jobs.*.echo", "jobs.q.echo", true},
+		{"jobs.*.echo", "jobs.q.other", false},
+		{"jobs.*", "jobs.q.echo", false},
+		{"jobs.>", "jobs.q", true},
+		{"jobs.q.echo", "jobs.q.echo", true},
+		{"jobs.q.echo", "jobs.q.echo.x", false},
+	} {
+		assert.Equal(t, tc.want, topology.SubjectMatches(tc.filter, tc.subject), "%s ~ %s", tc.filter, tc.subject)
+	}
+}

@@ -10,8 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
-	"github.com/jetfleet/jetfleet/pkg/supervisor"
 )
 
 func init() {
@@ -56,12 +56,12 @@ func runSubcommand(ctx context.Context, group string, order []string, cmds map[s
 }
 
 // connectSupervisor connects and returns an API client.
-func connectSupervisor(cf *clientFlags) (*client, *supervisor.Client, error) {
+func connectSupervisor(cf *clientFlags) (*client, *jetfleet.Client, error) {
 	c, err := cf.connect()
 	if err != nil {
 		return nil, nil, err
 	}
-	return c, supervisor.NewClient(c.nc), nil
+	return c, jetfleet.NewClient(c.nc), nil
 }
 
 // dlqFilterFlags are the flags that select dead letters.
@@ -80,8 +80,8 @@ func addDLQFilterFlags(fs *flag.FlagSet) *dlqFilterFlags {
 	return d
 }
 
-func (d *dlqFilterFlags) filter(now time.Time) (supervisor.DLQFilter, error) {
-	f := supervisor.DLQFilter{Queue: d.queue, Kind: d.kind, Reason: d.reason, JobID: d.jobID}
+func (d *dlqFilterFlags) filter(now time.Time) (jetfleet.DLQFilter, error) {
+	f := jetfleet.DLQFilter{Queue: d.queue, Kind: d.kind, Reason: d.reason, JobID: d.jobID}
 	var err error
 	if f.Since, err = timeOrAgo("since", d.since, now); err != nil {
 		return f, err
@@ -127,8 +127,8 @@ func runDLQList(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []s
 		return err
 	}
 	defer c.close()
-	var letters []supervisor.DeadLetterEntry
-	req := supervisor.DLQListRequest{DLQFilter: filter}
+	var letters []jetfleet.DeadLetterEntry
+	req := jetfleet.DLQListRequest{DLQFilter: filter}
 	for len(letters) < *limit {
 		req.Limit = min(*limit-len(letters), 1000)
 		rctx, cancel := c.ctx(ctx)
@@ -193,7 +193,7 @@ func runDLQReplay(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args [
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	req := supervisor.ReplayRequest{All: *all, Force: *force, Limit: *limit}
+	req := jetfleet.ReplayRequest{All: *all, Force: *force, Limit: *limit}
 	if fs.NArg() > 0 {
 		seq, err := sequenceArg(fs)
 		if err != nil {
@@ -219,7 +219,7 @@ func runDLQReplay(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args [
 			req.Limit = *limit - listed
 		}
 		rctx, cancel := context.WithTimeout(ctx, 10*c.timeout)
-		res, err := api.Replay(rctx, req)
+		res, err := api.ReplayDeadLetters(rctx, req)
 		cancel()
 		if err != nil {
 			return err
@@ -264,7 +264,7 @@ func runDLQPurge(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	req := supervisor.PurgeRequest{All: *all}
+	req := jetfleet.PurgeRequest{All: *all}
 	if fs.NArg() > 0 {
 		seq, err := sequenceArg(fs)
 		if err != nil {
@@ -284,7 +284,7 @@ func runDLQPurge(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []
 	defer c.close()
 	rctx, cancel := context.WithTimeout(ctx, 10*c.timeout)
 	defer cancel()
-	res, err := api.Purge(rctx, req)
+	res, err := api.PurgeDeadLetters(rctx, req)
 	if err != nil {
 		return err
 	}

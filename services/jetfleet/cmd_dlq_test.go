@@ -17,6 +17,7 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/agent"
 	"github.com/jetfleet/jetfleet/pkg/clock"
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/natstest"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/supervisor"
@@ -37,7 +38,7 @@ func TestSupervisorCommands(t *testing.T) {
 	t.Cleanup(func() { _ = sup.Stop(context.Background()) })
 
 	agentEnv := fleettest.NewEnv(t, srv, topology.Config{})
-	a, err := agent.New(agent.Config{ID: "cli-agent"}, agentEnv.Env)
+	a, err := agent.New(agentEnv.Env.Conn, agent.Config{ID: "cli-agent"}, agent.WithEnv(agentEnv.Env))
 	require.NoError(t, err)
 	var healthy atomic.Bool
 	require.NoError(t, a.Register("invoice", func(context.Context, *agent.Job) error {
@@ -57,7 +58,7 @@ func TestSupervisorCommands(t *testing.T) {
 	cli := func(args ...string) (string, error) {
 		var out bytes.Buffer
 		n := 1 // the command, then its subcommand for groups
-		if args[0] == "dlq" || args[0] == "jobs" || args[0] == "agents" {
+		if args[0] == "dlq" || args[0] == "jobs" || args[0] == "agents" || args[0] == "queue" {
 			n = 2
 		}
 		full := append(append(append([]string(nil), args[:n]...), "-server", srv.ClientURL()), args[n:]...)
@@ -74,7 +75,7 @@ func TestSupervisorCommands(t *testing.T) {
 		if err != nil {
 			return false
 		}
-		var letters []supervisor.DeadLetterEntry
+		var letters []jetfleet.DeadLetterEntry
 		if json.Unmarshal([]byte(out), &letters) != nil || len(letters) != 1 {
 			return false
 		}
@@ -122,6 +123,21 @@ func TestSupervisorCommands(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, out, "agents: 1 alive")
 	assert.Contains(t, out, "dead letters: 1")
+
+	out, err = cli("queue", "add", "-ack-wait", "2m", "reports")
+	require.NoError(t, err)
+	assert.Contains(t, out, "queue created: reports (ack wait 2m0s, max deliver 20)")
+	out, err = cli("queue", "ls")
+	require.NoError(t, err)
+	assert.Contains(t, out, "reports")
+	assert.Contains(t, out, "default")
+	_, err = cli("queue", "add")
+	require.ErrorContains(t, err, "queue add needs the <queue> name")
+	out, err = cli("queue", "rm", "reports")
+	require.NoError(t, err)
+	assert.Contains(t, out, "queue removed: reports")
+	_, err = cli("queue", "rm", "reports")
+	require.ErrorIs(t, err, protocol.Code(protocol.CodeNotFound), "removing a queue twice")
 
 	_, err = cli("dlq", "purge")
 	require.Error(t, err, "purging everything needs -all")

@@ -8,8 +8,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
-	"github.com/jetfleet/jetfleet/pkg/supervisor"
 )
 
 func init() {
@@ -27,7 +27,7 @@ func runJobs(ctx context.Context, args []string, out io.Writer) error {
 }
 
 func runJobsList(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
-	var req supervisor.JobsRequest
+	var req jetfleet.RunningJobsRequest
 	fs.StringVar(&req.Queue, "queue", "", "only jobs of this `queue`")
 	fs.StringVar(&req.Kind, "kind", "", "only jobs of this `kind`")
 	fs.StringVar(&req.AgentID, "agent", "", "only jobs of this agent `id`")
@@ -46,7 +46,7 @@ func runJobsList(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []
 	defer c.close()
 	rctx, cancel := c.ctx(ctx)
 	defer cancel()
-	res, err := api.Jobs(rctx, req)
+	res, err := api.RunningJobs(rctx, req)
 	if err != nil {
 		return err
 	}
@@ -60,7 +60,7 @@ func runJobsList(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []
 	return printRunning(out, res.Jobs, time.Now())
 }
 
-func printRunning(out io.Writer, jobs []supervisor.RunningJob, now time.Time) error {
+func printRunning(out io.Writer, jobs []jetfleet.RunningJob, now time.Time) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "JOB\tQUEUE\tKIND\tAGENT\tATTEMPT\tDELIVERED\tRUNNING\tDEADLINE\tSTATE")
 	for _, j := range jobs {
@@ -78,7 +78,7 @@ func printRunning(out io.Writer, jobs []supervisor.RunningJob, now time.Time) er
 }
 
 func runJobsGet(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
-	var req supervisor.JobRequest
+	var req jetfleet.JobDetailRequest
 	fs.StringVar(&req.Queue, "queue", "", "the job's `queue`, with -kind (faster)")
 	fs.StringVar(&req.Kind, "kind", "", "the job's `kind`, with -queue")
 	if err := fs.Parse(args); err != nil {
@@ -96,7 +96,7 @@ func runJobsGet(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []s
 	defer c.close()
 	rctx, cancel := c.ctx(ctx)
 	defer cancel()
-	res, err := api.Job(rctx, req)
+	res, err := api.JobDetail(rctx, req)
 	if err != nil {
 		return err
 	}
@@ -104,7 +104,7 @@ func runJobsGet(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []s
 }
 
 func runJobsHistory(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
-	var req supervisor.HistoryRequest
+	var req jetfleet.HistoryRequest
 	fs.StringVar(&req.Kind, "kind", "", "executions of this job `kind`")
 	fs.StringVar(&req.Queue, "queue", "", "only in this `queue` (with -kind; default every queue)")
 	fs.StringVar(&req.ScheduleID, "schedule", "", "executions of this schedule `id`")

@@ -12,8 +12,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
-	"github.com/jetfleet/jetfleet/pkg/scheduler"
 )
 
 func init() {
@@ -60,12 +60,12 @@ func runSchedule(ctx context.Context, args []string, out io.Writer) error {
 }
 
 // connectScheduler connects and returns an API client.
-func connectScheduler(cf *clientFlags) (*client, *scheduler.Client, error) {
+func connectScheduler(cf *clientFlags) (*client, *jetfleet.Client, error) {
 	c, err := cf.connect()
 	if err != nil {
 		return nil, nil, err
 	}
-	return c, scheduler.NewClient(c.nc), nil
+	return c, jetfleet.NewClient(c.nc), nil
 }
 
 // definitionFlags are the flags that describe a schedule.
@@ -128,9 +128,9 @@ func parseTime(flagName, v string) (time.Time, error) {
 	return t, nil
 }
 
-// duration reads a Go duration flag into a scheduler.Duration; the server
+// duration reads a Go duration flag into a jetfleet.Duration; the server
 // validates ranges and names the field.
-func duration(flagName, v string) (scheduler.Duration, error) {
+func duration(flagName, v string) (jetfleet.Duration, error) {
 	if v == "" {
 		return 0, nil
 	}
@@ -138,11 +138,11 @@ func duration(flagName, v string) (scheduler.Duration, error) {
 	if err != nil {
 		return 0, fmt.Errorf("-%s %q is not a duration such as 30s or 1h", flagName, v)
 	}
-	return scheduler.Duration(d), nil
+	return jetfleet.Duration(d), nil
 }
 
 // build makes the definition of id from the flags, or reads the file.
-func (d *definitionFlags) build(id string) (*scheduler.Schedule, error) {
+func (d *definitionFlags) build(id string) (*jetfleet.Schedule, error) {
 	if d.file != "" {
 		var data []byte
 		var err error
@@ -154,15 +154,15 @@ func (d *definitionFlags) build(id string) (*scheduler.Schedule, error) {
 		if err != nil {
 			return nil, err
 		}
-		return scheduler.DecodeSchedule(data)
+		return jetfleet.DecodeSchedule(data)
 	}
-	s := &scheduler.Schedule{ID: id, Description: d.description, Paused: d.paused, Note: d.note,
-		Spec:   scheduler.Spec{Cron: d.cron, Zone: d.zone},
-		Target: scheduler.Target{Queue: d.queue, Kind: d.kind, PayloadTemplate: d.template, Timeout: scheduler.Duration(d.timeout), MaxAttempts: d.attempts},
-		Policy: scheduler.Policy{Overlap: d.overlap, Misfire: d.misfire, MaxCatchUp: d.maxCatchUp}}
+	s := &jetfleet.Schedule{ID: id, Description: d.description, Paused: d.paused, Note: d.note,
+		Spec:   jetfleet.Spec{Cron: d.cron, Zone: d.zone},
+		Target: jetfleet.Target{Queue: d.queue, Kind: d.kind, PayloadTemplate: d.template, Timeout: jetfleet.Duration(d.timeout), MaxAttempts: d.attempts},
+		Policy: jetfleet.Policy{Overlap: d.overlap, Misfire: d.misfire, MaxCatchUp: d.maxCatchUp}}
 	var err error
 	if d.every != "" {
-		iv := &scheduler.Interval{}
+		iv := &jetfleet.Interval{}
 		if iv.Every, err = duration("every", d.every); err != nil {
 			return nil, err
 		}
@@ -184,19 +184,19 @@ func (d *definitionFlags) build(id string) (*scheduler.Schedule, error) {
 		s.Spec.At = &at
 	}
 	if d.event != "" {
-		s.Spec.Event = &scheduler.EventSpec{Subject: d.event}
+		s.Spec.Event = &jetfleet.EventSpec{Subject: d.event}
 	}
 	if len(d.after) > 0 {
-		dep := &scheduler.Dependency{}
+		dep := &jetfleet.Dependency{}
 		for _, a := range d.after {
 			queue, kind, isKind := strings.Cut(a, "/")
 			switch {
 			case !isKind:
-				dep.On = append(dep.On, scheduler.Upstream{ScheduleID: a})
+				dep.On = append(dep.On, jetfleet.Upstream{ScheduleID: a})
 			case queue == "*":
-				dep.On = append(dep.On, scheduler.Upstream{Kind: kind})
+				dep.On = append(dep.On, jetfleet.Upstream{Kind: kind})
 			default:
-				dep.On = append(dep.On, scheduler.Upstream{Queue: queue, Kind: kind})
+				dep.On = append(dep.On, jetfleet.Upstream{Queue: queue, Kind: kind})
 			}
 		}
 		s.Spec.After = dep
@@ -256,9 +256,9 @@ func runScheduleAdd(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args
 	defer c.close()
 	rctx, cancel := c.ctx(ctx)
 	defer cancel()
-	info, err := api.Add(rctx, def)
+	info, err := api.AddSchedule(rctx, def)
 	if *replace && errors.Is(err, protocol.Code(protocol.CodeAlreadyExists)) {
-		info, err = api.Update(rctx, def, 0)
+		info, err = api.UpdateSchedule(rctx, def, 0)
 	}
 	if err != nil {
 		return err
@@ -287,10 +287,10 @@ func runScheduleList(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, arg
 	if !*asJSON {
 		fmt.Fprintln(tw, "ID\tTRIGGER\tTARGET\tSTATE\tNEXT FIRE\tLAST FIRE")
 	}
-	req := scheduler.ListRequest{After: *after, Limit: *limit}
+	req := jetfleet.ScheduleListRequest{After: *after, Limit: *limit}
 	for {
 		rctx, cancel := c.ctx(ctx)
-		page, err := api.List(rctx, req)
+		page, err := api.ListSchedules(rctx, req)
 		cancel()
 		if err != nil {
 			return err
@@ -349,7 +349,7 @@ func printJSON(out io.Writer, v any) error {
 }
 
 // withAPI connects, runs fn with a bounded context, and closes.
-func withAPI(ctx context.Context, cf *clientFlags, fn func(ctx context.Context, api *scheduler.Client) error) error {
+func withAPI(ctx context.Context, cf *clientFlags, fn func(ctx context.Context, api *jetfleet.Client) error) error {
 	c, api, err := connectScheduler(cf)
 	if err != nil {
 		return err
@@ -365,8 +365,8 @@ func runScheduleGet(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args
 	if err != nil {
 		return err
 	}
-	return withAPI(ctx, cf, func(ctx context.Context, api *scheduler.Client) error {
-		info, err := api.Get(ctx, id)
+	return withAPI(ctx, cf, func(ctx context.Context, api *jetfleet.Client) error {
+		info, err := api.GetSchedule(ctx, id)
 		if err != nil {
 			return err
 		}
@@ -379,8 +379,8 @@ func runScheduleRemove(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, a
 	if err != nil {
 		return err
 	}
-	return withAPI(ctx, cf, func(ctx context.Context, api *scheduler.Client) error {
-		if err := api.Remove(ctx, id); err != nil {
+	return withAPI(ctx, cf, func(ctx context.Context, api *jetfleet.Client) error {
+		if err := api.RemoveSchedule(ctx, id); err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "schedule %s removed\n", id)
@@ -394,8 +394,8 @@ func runSchedulePause(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, ar
 	if err != nil {
 		return err
 	}
-	return withAPI(ctx, cf, func(ctx context.Context, api *scheduler.Client) error {
-		if _, err := api.Pause(ctx, id, *note); err != nil {
+	return withAPI(ctx, cf, func(ctx context.Context, api *jetfleet.Client) error {
+		if _, err := api.PauseSchedule(ctx, id, *note); err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "schedule %s paused\n", id)
@@ -408,8 +408,8 @@ func runScheduleResume(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, a
 	if err != nil {
 		return err
 	}
-	return withAPI(ctx, cf, func(ctx context.Context, api *scheduler.Client) error {
-		info, err := api.Resume(ctx, id)
+	return withAPI(ctx, cf, func(ctx context.Context, api *jetfleet.Client) error {
+		info, err := api.ResumeSchedule(ctx, id)
 		if err != nil {
 			return err
 		}
@@ -426,8 +426,8 @@ func runScheduleTrigger(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, 
 	if err != nil {
 		return err
 	}
-	return withAPI(ctx, cf, func(ctx context.Context, api *scheduler.Client) error {
-		res, err := api.Trigger(ctx, id)
+	return withAPI(ctx, cf, func(ctx context.Context, api *jetfleet.Client) error {
+		res, err := api.TriggerSchedule(ctx, id)
 		if err != nil {
 			return err
 		}
@@ -447,7 +447,7 @@ func runSchedulePreview(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, 
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	req := scheduler.PreviewRequest{Count: *count}
+	req := jetfleet.PreviewRequest{Count: *count}
 	if *from != "" {
 		t, err := parseTime("from", *from)
 		if err != nil {
@@ -471,8 +471,8 @@ func runSchedulePreview(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, 
 		fs.Usage()
 		return errUsage
 	}
-	return withAPI(ctx, cf, func(ctx context.Context, api *scheduler.Client) error {
-		res, err := api.Preview(ctx, req)
+	return withAPI(ctx, cf, func(ctx context.Context, api *jetfleet.Client) error {
+		res, err := api.PreviewSchedule(ctx, req)
 		if err != nil {
 			return err
 		}
@@ -499,8 +499,8 @@ func runScheduleBackfill(ctx context.Context, fs *flag.FlagSet, cf *clientFlags,
 	if err != nil {
 		return err
 	}
-	return withAPI(ctx, cf, func(ctx context.Context, api *scheduler.Client) error {
-		res, err := api.Backfill(ctx, id, from, to, *maxFires)
+	return withAPI(ctx, cf, func(ctx context.Context, api *jetfleet.Client) error {
+		res, err := api.BackfillSchedule(ctx, id, from, to, *maxFires)
 		if err != nil {
 			return err
 		}

@@ -11,7 +11,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/jetfleet/jetfleet/pkg/clock"
 	"github.com/jetfleet/jetfleet/pkg/natstest"
@@ -21,10 +20,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).syncBlocks"),
-	)
+	natstest.VerifyNoLeaks(m)
 }
 
 // TestScheduleCommand drives every schedule subcommand against a real

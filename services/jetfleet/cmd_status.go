@@ -41,6 +41,9 @@ func runStatus(ctx context.Context, args []string, out io.Writer) error {
 	fmt.Fprintf(out, "agents: %d alive, %d draining, %d dead; running %d of %d slots\n", st.AgentsAlive, st.AgentsDrain,
 		st.AgentsDead, st.Running, st.Capacity)
 	fmt.Fprintf(out, "dead letters: %d\n", st.DLQDepth)
+	if st.Unroutable > 0 {
+		fmt.Fprintf(out, "jobs no queue serves: %d (dead-lettered shortly as unroutable or invalid_subject; jetfleet queue ls lists them)\n", st.Unroutable)
+	}
 	if len(st.Queues) > 0 {
 		fmt.Fprintln(out)
 		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)

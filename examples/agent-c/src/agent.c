@@ -39,6 +39,9 @@
 #define DLQ_RETRY_DELAY (5 * NS_PER_SEC)      /* when the dead letter could not be stored */
 #define API_TIMEOUT_MS 5000                   /* JetStream API calls, confirmed acks, sync publishes */
 #define MAX_BACKOFF 32
+/* How long a job whose outcome event could not be stored waits before its
+ * redelivery (§3.3). */
+#define UNSTORED_OUTCOME_DELAY (5 * NS_PER_SEC)
 
 /* ------------------------------------------------------------------ */
 /* Logging                                                             */
@@ -79,7 +82,7 @@ struct job {
     ack_subject ack;
 
     /* What the subject and headers say (§2.1). */
-    char id[257], queue[129], kind[129], token[JOB_TOKEN_MAX];
+    char id[JOB_ID_MAX_BYTES + 1], queue[129], kind[129], token[JOB_TOKEN_MAX];
     char schedule_id[129], trace_id[33];
     int64_t nominal_time;
     int max_attempts;
@@ -97,6 +100,7 @@ struct job {
     bool running; /* the kind's function is running */
     bool settled; /* answered: no more +WPI, not held any more */
     bool started_event;
+    bool no_slot; /* delivered when no slot was free (§3.1): handed back, never run */
     int64_t started, deadline; /* wall clock */
     int64_t last_progress;     /* monotonic: last +WPI or delivery */
     enum stop stop;
@@ -164,7 +168,7 @@ static void request_jobs_locked(void)
 static void *job_thread(void *arg);
 
 /* A job was delivered: track it and run it on a thread of its own. */
-static void start_job(natsMsg *msg)
+static void start_job(natsMsg *msg, bool no_slot)
 {
     struct job *j = calloc(1, sizeof(*j));
     const char *reply = natsMsg_GetReply(msg);
@@ -175,6 +179,7 @@ static void start_job(natsMsg *msg)
         return;
     }
     j->msg = msg;
+    j->no_slot = no_slot;
     j->started = wall_ns();
     j->last_progress = mono_ns();
 
@@ -190,7 +195,8 @@ static void start_job(natsMsg *msg)
     if (rc != 0) {
         A.jobs = j->next;
         A.threads--;
-        A.gathered++;
+        if (!no_slot)
+            A.gathered++;
     }
     unlock();
     pthread_attr_destroy(&attr);
@@ -219,6 +225,18 @@ static void pull_status(natsMsg *msg, const char *status)
     /* Nats-Pending-Messages: how many of the request's jobs never came. */
     natsMsgHeader_Get(msg, "Nats-Pending-Messages", &pending);
     int left = pending ? atoi(pending) : 0;
+    if (strcmp(status, "409") == 0 && desc &&
+        (strcmp(desc, "Consumer Deleted") == 0 || strcmp(desc, "Leadership Change") == 0)) {
+        /* Every open request has ended: all outstanding slots are free. */
+        log_warn("pull requests ended: %s", desc);
+        lock();
+        A.gathered += A.outstanding;
+        A.outstanding = 0;
+        A.last_activity = mono_ns();
+        request_jobs_locked();
+        unlock();
+        return;
+    }
     if (left <= 0) {
         if (strcmp(status, "409") == 0 || strcmp(status, "503") == 0)
             log_warn("pull request refused: %s", desc && *desc ? desc : status);
@@ -247,11 +265,14 @@ static void on_pull_reply(natsConnection *nc, natsSubscription *sub, natsMsg *ms
         return;
     }
     lock();
-    if (A.outstanding > 0)
+    /* §3.1: a request counted lost may deliver after all; with no slot
+     * reserved for the job, running it would exceed the concurrency. */
+    bool no_slot = A.outstanding == 0;
+    if (!no_slot)
         A.outstanding--;
     A.last_activity = mono_ns();
     unlock();
-    start_job(msg);
+    start_job(msg, no_slot);
 }
 
 /* ------------------------------------------------------------------ */
@@ -355,35 +376,88 @@ static void read_job(struct job *j)
         memcpy(j->trace_id, v + 3, 32);
 }
 
-/* On a redelivery, reads the job's latest event with a direct get of the last
- * message on events.job.<queue>.<kind>.*.<job token> (§3.3). Returns its type
- * in type when it is about this message, and takes its snooze count. */
-static bool latest_event(struct job *j, char *type, size_t typesz)
-{
-    char subject[1024];
-    jsDirectGetMsgOptions o;
-    natsMsg *m = NULL;
-    json_value v;
-    uint64_t seq = 0, snoozes = 0;
+/* What earlier deliveries of this message left in its events (§3.3). */
+struct history {
+    bool succeeded; /* succeeded or skipped_duplicate: only the ack was lost */
+    bool dead;      /* the dead letter is stored: only the TERM was lost */
+    /* A failed or cancelled event without a dead one: the verdict whose dead
+     * letter could not be stored. */
+    bool verdict;
+    char verdict_type[16], verdict_reason[64], verdict_code[64], verdict_error[4200]; /* errors are cut to 4 KiB (§3.5) */
+    int verdict_attempt, verdict_max_attempts;
+    char last_error[512]; /* of the latest event that has one */
+};
 
-    snprintf(subject, sizeof(subject), "events.job.%s.%s.*.%s", j->queue, j->kind, j->token);
-    jsDirectGetMsgOptions_Init(&o);
-    o.LastBySubject = subject;
-    natsStatus s = js_DirectGetMsg(&m, A.js, "EVENTS", NULL, &o);
-    if (s == NATS_NOT_FOUND)
-        return false; /* no event yet */
-    if (s != NATS_OK) {
-        log_warn("job %s: events unreadable (%s); running the redelivery", j->id, nats_err(s));
-        return false;
+/* The event types a redelivery reads (§3.3), one direct get each. */
+static const char *const history_types[] = {"succeeded", "skipped_duplicate", "failed", "cancelled",
+                                            "dead",      "snoozed",           "released", "retrying"};
+
+/* On a redelivery, reads the latest event of each type in history_types with
+ * a direct get of the last message on events.job.<queue>.<kind>.<type>.<job
+ * token> (§1.2, §3.3), keeping those about this message, and takes the
+ * largest snooze count among them (§3.3: only snoozed and released raise it,
+ * every other event carries it). A type that cannot be read counts as none. */
+static void read_history(struct job *j, struct history *h)
+{
+    int64_t last_error_at = 0;
+    bool failed_or_cancelled = false;
+    memset(h, 0, sizeof(*h));
+    for (size_t i = 0; i < sizeof(history_types) / sizeof(history_types[0]); i++) {
+        const char *type = history_types[i];
+        char subject[2048], text[64];
+        jsDirectGetMsgOptions o;
+        natsMsg *m = NULL;
+        json_value v;
+        uint64_t seq = 0, snoozes = 0, n64 = 0;
+        int64_t at = 0;
+
+        snprintf(subject, sizeof(subject), "events.job.%s.%s.%s.%s", j->queue, j->kind, type, j->token);
+        jsDirectGetMsgOptions_Init(&o);
+        o.LastBySubject = subject;
+        natsStatus s = js_DirectGetMsg(&m, A.js, "EVENTS", NULL, &o);
+        if (s == NATS_NOT_FOUND)
+            continue; /* no event of this type */
+        if (s != NATS_OK) {
+            log_warn("job %s: %s events unreadable (%s); counted as none", j->id, type, nats_err(s));
+            continue;
+        }
+        const char *doc = natsMsg_GetData(m);
+        size_t n = (size_t)natsMsg_GetDataLength(m);
+        if (!json_member(doc, n, "stream_sequence", &v) || !json_uint64(v, &seq) || seq != j->ack.stream_seq) {
+            natsMsg_Destroy(m); /* about another message with the same job id */
+            continue;
+        }
+        if (json_member(doc, n, "snoozes", &v) && json_uint64(v, &snoozes) && snoozes > j->snoozes)
+            j->snoozes = (uint32_t)snoozes;
+        char error[4200] = "";
+        if (json_member(doc, n, "error", &v))
+            json_string(v, error, sizeof(error));
+        if (json_member(doc, n, "time", &v) && json_string(v, text, sizeof(text)))
+            parse_rfc3339(text, &at);
+        if (error[0] && at >= last_error_at) {
+            last_error_at = at;
+            snprintf(h->last_error, sizeof(h->last_error), "%s", error);
+        }
+        if (strcmp(type, "succeeded") == 0 || strcmp(type, "skipped_duplicate") == 0) {
+            h->succeeded = true;
+        } else if (strcmp(type, "dead") == 0) {
+            h->dead = true;
+        } else if ((strcmp(type, "failed") == 0 || strcmp(type, "cancelled") == 0) && !failed_or_cancelled) {
+            failed_or_cancelled = true;
+            snprintf(h->verdict_type, sizeof(h->verdict_type), "%s", type);
+            snprintf(h->verdict_error, sizeof(h->verdict_error), "%s", error);
+            if (json_member(doc, n, "reason", &v))
+                json_string(v, h->verdict_reason, sizeof(h->verdict_reason));
+            if (json_member(doc, n, "error_code", &v))
+                json_string(v, h->verdict_code, sizeof(h->verdict_code));
+            if (json_member(doc, n, "attempt", &v) && json_uint64(v, &n64))
+                h->verdict_attempt = (int)n64;
+            if (json_member(doc, n, "max_attempts", &v) && json_uint64(v, &n64))
+                h->verdict_max_attempts = (int)n64;
+        }
+        natsMsg_Destroy(m);
     }
-    const char *doc = natsMsg_GetData(m);
-    size_t n = (size_t)natsMsg_GetDataLength(m);
-    bool ok = json_member(doc, n, "stream_sequence", &v) && json_uint64(v, &seq) && seq == j->ack.stream_seq &&
-              json_member(doc, n, "type", &v) && json_string(v, type, typesz);
-    if (ok && json_member(doc, n, "snoozes", &v) && json_uint64(v, &snoozes))
-        j->snoozes = (uint32_t)snoozes;
-    natsMsg_Destroy(m);
-    return ok; /* otherwise: an event of another message with the same job id */
+    h->verdict = failed_or_cancelled && !h->dead;
 }
 
 /* ------------------------------------------------------------------ */
@@ -438,17 +512,27 @@ static jsPubOptions pub_options(void)
  * wait, confirmed by its publish ack. */
 static bool publish_event(const struct job *j, const event *e, bool wait)
 {
-    char subject[1024];
+    char subject[2048];
     jbuf b;
     natsMsg *m = NULL;
     jsPubOptions o = pub_options();
     jsErrCode jerr = 0;
     natsStatus s;
 
+    char msg_id[96];
+
     jb_init(&b);
     event_json(&b, j, e);
     snprintf(subject, sizeof(subject), "events.job.%s.%s.%s.%s", j->queue, j->kind, e->type, j->token);
+    /* §3.3: one id per event type and delivery (dead: one per job message),
+     * so a resend is stored once. */
+    if (strcmp(e->type, "dead") == 0)
+        snprintf(msg_id, sizeof(msg_id), "dead:dlq:JOBS:%" PRIu64, j->ack.stream_seq);
+    else
+        snprintf(msg_id, sizeof(msg_id), "%s:JOBS:%" PRIu64 ":%" PRIu64, e->type, j->ack.stream_seq, j->ack.delivered);
     s = b.failed ? NATS_NO_MEMORY : natsMsg_Create(&m, subject, NULL, b.buf, (int)b.len);
+    if (s == NATS_OK)
+        s = natsMsgHeader_Set(m, "Nats-Msg-Id", msg_id);
     if (s == NATS_OK)
         s = wait ? js_PublishMsg(NULL, A.js, m, &o, &jerr) : js_PublishMsgAsync(A.js, &m, &o);
     natsMsg_Destroy(m); /* no-op when the library took it */
@@ -513,13 +597,25 @@ static void ack_confirmed(struct job *j)
     natsMsg_Destroy(reply);
 }
 
+/* §3.3: the ack only once the outcome event is stored. If it cannot be, the
+ * job is not acked: it comes back, and its next delivery finds what was
+ * stored. (This example waits for the event on the job's thread; the Go
+ * agent pipelines it.) */
+static void ack_once_stored(struct job *j, const event *e)
+{
+    if (publish_event(j, e, true)) {
+        ack_confirmed(j);
+        return;
+    }
+    log_warn("job %s: %s event not stored; not acked, JetStream delivers it again", j->id, e->type);
+    nak(j, UNSTORED_OUTCOME_DELAY);
+}
+
 static void succeed(struct job *j, int64_t took)
 {
     event e = {.type = "succeeded", .duration = took, .retry_in = -1, .snoozes = j->snoozes};
     settle(j);
-    /* The event first: if the ack is lost, the redelivery finds "succeeded". */
-    publish_event(j, &e, false);
-    ack_confirmed(j);
+    ack_once_stored(j, &e);
 }
 
 static void skip_duplicate(struct job *j)
@@ -528,8 +624,7 @@ static void skip_duplicate(struct job *j)
                .duration = -1, .retry_in = -1, .snoozes = j->snoozes};
     settle(j);
     log_info("job %s: already succeeded; acking the redelivery without running it", j->id);
-    publish_event(j, &e, false);
-    ack_confirmed(j);
+    ack_once_stored(j, &e);
 }
 
 static void retry(struct job *j, int64_t delay, const char *code, const char *error, int64_t took)
@@ -602,7 +697,8 @@ static void dead_letter_json(jbuf *b, struct job *j, const char *reason, const c
     jb_end_object(b);
 }
 
-/* §3.5: store the dead letter, then +TERM, then the events. */
+/* §3.5: store the dead letter, then the events, then +TERM once the dead
+ * event is stored. */
 static void dead_letter(struct job *j, const char *reason, const char *code, const char *event_type,
                         const char *error, int64_t took)
 {
@@ -630,10 +726,24 @@ static void dead_letter(struct job *j, const char *reason, const char *code, con
         s = js_PublishMsg(NULL, A.js, m, &o, &jerr); /* wait for the publish ack */
     natsMsg_Destroy(m);
     jb_free(&b);
+    event e = {.type = event_type, .error = error, .error_code = code, .reason = reason,
+               .duration = took, .retry_in = -1, .snoozes = j->snoozes};
     if (s != NATS_OK) {
-        /* Without the copy the job must not be terminated: try again later. */
+        /* Without the copy the job must not be terminated. Store the verdict
+         * (§3.5), so the next delivery dead-letters without running the job
+         * again, and try again then. */
         log_error("job %s: dead letter not stored (%s); the job will be delivered again", j->id, nats_err(s));
+        if (!publish_event(j, &e, true))
+            log_warn("job %s: %s event not stored either; the next delivery runs the job again", j->id, event_type);
         nak(j, DLQ_RETRY_DELAY);
+        return;
+    }
+
+    publish_event(j, &e, false);
+    e.type = "dead";
+    if (!publish_event(j, &e, true)) {
+        log_warn("job %s: dead event not stored; not terminated, JetStream delivers it again", j->id);
+        nak(j, UNSTORED_OUTCOME_DELAY);
         return;
     }
 
@@ -642,12 +752,6 @@ static void dead_letter(struct job *j, const char *reason, const char *code, con
     s = natsConnection_PublishString(A.nc, j->reply, term);
     if (s != NATS_OK)
         log_warn("job %s: TERM not sent (%s); the supervisor dead-letters it again with the same id", j->id, nats_err(s));
-
-    event e = {.type = event_type, .error = error, .error_code = code, .reason = reason,
-               .duration = took, .retry_in = -1, .snoozes = j->snoozes};
-    publish_event(j, &e, false);
-    e.type = "dead";
-    publish_event(j, &e, false);
 }
 
 /* §3.2: the message's Jetfleet-Backoff (the last one repeats), else
@@ -678,7 +782,10 @@ static bool count_one(const char *s, void *arg)
 }
 
 /* Finds a live agent, other than us, whose registration in bucket agents
- * says it pulls queue and runs kind. */
+ * says it pulls queue and runs kind (§3.4). Live: a heartbeat (deleted keys
+ * are not listed), not draining, and stored at most 3 x max(interval, 1 s)
+ * before the newest heartbeat in the bucket — ours included, which we rewrite
+ * every interval. Storage times are the server's: no host clock is read. */
 static bool fleet_runner_of(const char *queue, const char *kind, char *who, size_t whosz)
 {
     kvKeysList keys = {0};
@@ -689,14 +796,24 @@ static bool fleet_runner_of(const char *queue, const char *kind, char *who, size
             log_warn("agents bucket unreadable: %s", nats_err(s));
         return false;
     }
-    for (int i = 0; i < keys.Count && !found; i++) {
-        kvEntry *e = NULL;
+    kvEntry **entries = calloc((size_t)keys.Count + 1, sizeof(*entries));
+    int64_t newest = 0;
+    for (int i = 0; entries && i < keys.Count; i++) {
+        if (kvStore_Get(&entries[i], A.agents, keys.Keys[i]) != NATS_OK) {
+            entries[i] = NULL; /* deleted or expired meanwhile */
+            continue;
+        }
+        if (kvEntry_Created(entries[i]) > newest)
+            newest = kvEntry_Created(entries[i]);
+    }
+    for (int i = 0; entries && i < keys.Count && !found; i++) {
+        kvEntry *e = entries[i];
         json_value v, kinds;
         bool draining = false;
-        int64_t sent_at = 0, interval = NS_PER_SEC;
+        int64_t interval = NS_PER_SEC;
         int nkinds = 0;
         char text[64];
-        if (strcmp(keys.Keys[i], A.id) == 0 || kvStore_Get(&e, A.agents, keys.Keys[i]) != NATS_OK)
+        if (!e || strcmp(keys.Keys[i], A.id) == 0)
             continue;
         const char *doc = kvEntry_ValueString(e);
         size_t n = (size_t)kvEntry_ValueLen(e);
@@ -706,9 +823,7 @@ static bool fleet_runner_of(const char *queue, const char *kind, char *who, size
             parse_duration(text, &interval);
         if (interval < NS_PER_SEC)
             interval = NS_PER_SEC;
-        if (json_member(doc, n, "sent_at", &v) && json_string(v, text, sizeof(text)))
-            parse_rfc3339(text, &sent_at);
-        bool live = !draining && wall_ns() - sent_at <= 3 * interval; /* the supervisor's rule: 3 missed intervals */
+        bool live = !draining && newest - kvEntry_Created(e) <= 3 * interval;
         bool pulls = json_member(doc, n, "queues", &v) && json_each_string(v, str_equal, (void *)queue);
         if (json_member(doc, n, "kinds", &kinds))
             json_each_string(kinds, count_one, &nkinds);
@@ -718,8 +833,10 @@ static bool fleet_runner_of(const char *queue, const char *kind, char *who, size
             snprintf(who, whosz, "%s", keys.Keys[i]);
             found = true;
         }
-        kvEntry_Destroy(e);
     }
+    for (int i = 0; entries && i < keys.Count; i++)
+        kvEntry_Destroy(entries[i]);
+    free(entries);
     kvKeysList_Destroy(&keys);
     return found;
 }
@@ -760,7 +877,8 @@ static void stopped(struct job *j, enum stop why, const char *text, int64_t took
 
 static void process(struct job *j)
 {
-    char text[512], type[32];
+    char text[600];
+    struct history past = {0};
 
     if (!parse_ack_subject(j->reply, &j->ack)) {
         log_error("message on %s has no ack subject (%s); ignored", natsMsg_GetSubject(j->msg), j->reply);
@@ -769,26 +887,53 @@ static void process(struct job *j)
     }
     read_job(j);
     lock();
-    j->ready = true;
-    enum stop why = j->stop;
-    if (A.releasing && why == RUN)
-        why = j->stop = STOP_RELEASE; /* delivered while a stopping agent hands jobs back */
-    snprintf(text, sizeof(text), "%s", j->stop_text);
+    j->ready = true; /* listed in heartbeats; commands may find it */
     unlock();
-    if (why != RUN) {
-        stopped(j, why, text, 0);
-        return;
-    }
     if (j->header_error[0]) {
         dead_letter(j, "invalid_headers", "invalid_headers", "failed", j->header_error, 0);
         return;
     }
 
-    /* §3.3: a redelivery may follow an attempt whose ack was lost, or
-     * hand-backs that spent no attempt: the job's latest event tells. */
-    if (j->ack.delivered > 1 && latest_event(j, type, sizeof(type)) &&
-        (strcmp(type, "succeeded") == 0 || strcmp(type, "skipped_duplicate") == 0)) {
+    /* §3.3: a redelivery may follow an attempt whose ack was lost, a dead
+     * letter whose TERM was lost, a verdict whose dead letter could not be
+     * stored, or hand-backs that spent no attempt: the job's events about
+     * this message tell. Read before any hand-back, so that its released
+     * event counts one more than the snoozes so far. */
+    if (j->ack.delivered > 1)
+        read_history(j, &past);
+    if (past.succeeded) {
         skip_duplicate(j);
+        return;
+    }
+    if (past.dead) {
+        settle(j);
+        log_info("job %s: dead letter already stored; terminating the redelivery", j->id);
+        if (natsConnection_PublishString(A.nc, j->reply, "+TERM dead letter already stored") != NATS_OK)
+            log_warn("job %s: TERM not sent; JetStream delivers it again", j->id);
+        return;
+    }
+    if (past.verdict) {
+        /* An earlier delivery decided the job is dead; only its dead letter
+         * is missing. Store it without running the job again. */
+        j->attempt = past.verdict_attempt;
+        if (past.verdict_max_attempts > 0)
+            j->max_attempts = past.verdict_max_attempts;
+        dead_letter(j, past.verdict_reason, past.verdict_code, past.verdict_type, past.verdict_error, 0);
+        return;
+    }
+
+    lock();
+    if (A.releasing && j->stop == RUN)
+        j->stop = STOP_RELEASE; /* delivered while a stopping agent hands jobs back */
+    bool release = j->stop == STOP_RELEASE;
+    unlock();
+    if (release) {
+        hand_back(j, 0, "agent stopping");
+        return;
+    }
+    if (j->no_slot) {
+        snprintf(text, sizeof(text), "no free slot on agent %s", A.id);
+        hand_back(j, 0, text);
         return;
     }
 
@@ -810,8 +955,8 @@ static void process(struct job *j)
     j->attempt = attempt < 1 ? 1 : (int)attempt;
     if (j->attempt > j->max_attempts) {
         snprintf(text, sizeof(text),
-                 "no attempt left after %" PRIu64 " deliveries: earlier attempts ended without an answer (agent lost or crashed)",
-                 j->ack.delivered);
+                 "no attempt left after %" PRIu64 " deliveries: earlier attempts ended without an answer (agent lost or crashed)%s%.300s",
+                 j->ack.delivered, past.last_error[0] ? "; last error: " : "", past.last_error);
         dead_letter(j, "max_attempts", "agent_lost", "failed", text, 0);
         return;
     }
@@ -819,10 +964,19 @@ static void process(struct job *j)
     job_run run = {.payload = natsMsg_GetData(j->msg), .payload_len = (size_t)natsMsg_GetDataLength(j->msg),
                    .timeout_ns = j->timeout_ns, .attempt = j->attempt, .job = j};
     lock();
-    j->started = wall_ns();
-    j->deadline = j->started + j->timeout_ns;
-    j->running = true;
+    /* A command that came before the attempt started (§3.6) ends it now. */
+    enum stop why = j->stop;
+    snprintf(text, sizeof(text), "%s", j->stop_text);
+    if (why == RUN) {
+        j->started = wall_ns();
+        j->deadline = j->started + j->timeout_ns;
+        j->running = true;
+    }
     unlock();
+    if (why != RUN) {
+        stopped(j, why, text, 0);
+        return;
+    }
 
     int64_t t0 = mono_ns();
     job_result r = fn(&run);
@@ -868,8 +1022,10 @@ static void *job_thread(void *arg)
             break;
         }
     A.threads--;
-    A.gathered++; /* the slot is free: ask for the next job */
-    request_jobs_locked();
+    if (!j->no_slot) {
+        A.gathered++; /* the slot is free: ask for the next job */
+        request_jobs_locked();
+    }
     pthread_cond_broadcast(&A.cond);
     unlock();
 
@@ -885,7 +1041,7 @@ static void *job_thread(void *arg)
 
 static void on_control(natsConnection *nc, natsSubscription *sub, natsMsg *msg, void *closure)
 {
-    char action[64] = "", job_id[257] = "", reason[200] = "", message[400] = "";
+    char action[64] = "", job_id[JOB_ID_MAX_BYTES + 1] = "", reason[200] = "", message[1400] = "";
     const char *doc = natsMsg_GetData(msg), *code = "";
     size_t n = (size_t)natsMsg_GetDataLength(msg);
     json_value v;
@@ -900,9 +1056,13 @@ static void on_control(natsConnection *nc, natsSubscription *sub, natsMsg *msg, 
         json_string(v, reason, sizeof(reason));
 
     bool timeout = strcmp(action, "timeout") == 0;
-    if (strcmp(action, "cancel") != 0 && !timeout) {
+    const char *field = "";
+    if (strcmp(action, "ping") == 0) {
+        /* §3.6: the supervisor asks whether we are alive; the reply says so. */
+    } else if (strcmp(action, "cancel") != 0 && !timeout) {
         code = "invalid_argument";
-        snprintf(message, sizeof(message), "unknown action \"%s\"; want cancel or timeout", action);
+        field = "action";
+        snprintf(message, sizeof(message), "unknown action \"%s\"; want cancel, timeout or ping", action);
     } else {
         bool found = false;
         lock();
@@ -930,6 +1090,7 @@ static void on_control(natsConnection *nc, natsSubscription *sub, natsMsg *msg, 
         jb_object(&b, NULL);
         jb_str(&b, "code", code);
         jb_str(&b, "message", message);
+        jb_str(&b, "field", field);
         jb_end_object(&b);
         if (!b.failed)
             natsConnection_Publish(nc, reply, b.buf, (int)b.len);
@@ -1144,7 +1305,8 @@ static void on_async_error(natsConnection *nc, natsSubscription *sub, natsStatus
 }
 
 /* Connects and binds to what the fleet provisioned (§1): the consumer
- * queue-<queue> of stream JOBS and the bucket agents. */
+ * queue-<queue> of stream JOBS, created when missing (§1.1), and the bucket
+ * agents. */
 static bool start(void)
 {
     natsOptions *opts = NULL;
@@ -1183,8 +1345,31 @@ static bool start(void)
 
     snprintf(consumer, sizeof(consumer), "queue-%s", A.queue);
     s = js_GetConsumerInfo(&ci, A.js, "JOBS", consumer, NULL, &jerr);
+    if (s != NATS_OK && jerr == JSConsumerNotFoundErr) {
+        /* §1.1: the queue does not exist yet; create its consumer with the
+         * default settings (another process creating it meanwhile is fine). */
+        char filter[160];
+        jsConsumerConfig cc;
+        snprintf(filter, sizeof(filter), "jobs.%s.>", A.queue);
+        jsConsumerConfig_Init(&cc);
+        cc.Name = consumer;
+        cc.Durable = consumer;
+        cc.FilterSubject = filter;
+        cc.DeliverPolicy = js_DeliverAll;
+        cc.AckPolicy = js_AckExplicit;
+        cc.AckWait = 30 * NS_PER_SEC;
+        cc.MaxDeliver = 20;
+        cc.MaxAckPending = 10000;
+        cc.ReplayPolicy = js_ReplayInstant;
+        jerr = 0;
+        s = js_AddConsumer(&ci, A.js, "JOBS", &cc, NULL, &jerr);
+        if (s != NATS_OK) /* created by another process meanwhile, maybe with other settings */
+            s = js_GetConsumerInfo(&ci, A.js, "JOBS", consumer, NULL, &jerr);
+        if (s == NATS_OK)
+            log_info("created consumer %s of stream JOBS (queue %s)", consumer, A.queue);
+    }
     if (s != NATS_OK) {
-        log_error("consumer %s of stream JOBS: %s (the fleet's services provision it; start them first)", consumer,
+        log_error("consumer %s of stream JOBS: %s (the fleet's services provision stream JOBS; start them first)", consumer,
                   nats_err(s));
         return false;
     }

@@ -36,17 +36,60 @@ bool valid_token(const char *s)
     return true;
 }
 
+/* The code points that are no letter, mark, number, punctuation or symbol
+ * (Unicode categories Z, Cc, Cf, Cs, Co and the noncharacters). Unassigned
+ * code points are not listed: the Go agent rejects them too, this agent does
+ * not (README.md). */
+static const struct {
+    uint32_t lo, hi;
+} not_printable[] = {
+    {0x0000, 0x0020},   {0x007F, 0x00A0},   {0x00AD, 0x00AD},   {0x0600, 0x0605},   {0x061C, 0x061C},
+    {0x06DD, 0x06DD},   {0x070F, 0x070F},   {0x0890, 0x0891},   {0x08E2, 0x08E2},   {0x1680, 0x1680},
+    {0x180E, 0x180E},   {0x2000, 0x200F},   {0x2028, 0x202F},   {0x205F, 0x2064},   {0x2066, 0x206F},
+    {0x3000, 0x3000},   {0xD800, 0xDFFF},   {0xE000, 0xF8FF},   {0xFDD0, 0xFDEF},   {0xFEFF, 0xFEFF},
+    {0xFFF0, 0xFFFB},   {0x110BD, 0x110BD}, {0x110CD, 0x110CD}, {0x13430, 0x1343F}, {0x1BCA0, 0x1BCA3},
+    {0x1D173, 0x1D17A}, {0xE0001, 0xE0001}, {0xE0020, 0xE007F}, {0xF0000, 0x10FFFF},
+};
+
+static bool printable(uint32_t c)
+{
+    if ((c & 0xFFFE) == 0xFFFE) /* U+xFFFE, U+xFFFF: noncharacters */
+        return false;
+    for (size_t i = 0; i < sizeof(not_printable) / sizeof(not_printable[0]); i++)
+        if (c >= not_printable[i].lo && c <= not_printable[i].hi)
+            return false;
+    return true;
+}
+
 bool valid_job_id(const char *s)
 {
-    size_t n = strlen(s);
-    if (n < 1 || n > 256)
-        return false;
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c <= 0x20 || c == 0x7f) /* ASCII spaces and control characters */
+    const unsigned char *p = (const unsigned char *)s;
+    size_t chars = 0;
+    while (*p) {
+        uint32_t c;
+        int n;
+        if (*p < 0x80)
+            c = *p, n = 1;
+        else if ((*p & 0xE0) == 0xC0)
+            c = *p & 0x1F, n = 2;
+        else if ((*p & 0xF0) == 0xE0)
+            c = *p & 0x0F, n = 3;
+        else if ((*p & 0xF8) == 0xF0)
+            c = *p & 0x07, n = 4;
+        else
             return false;
+        for (int i = 1; i < n; i++) {
+            if ((p[i] & 0xC0) != 0x80)
+                return false; /* also stops at the terminating NUL */
+            c = (c << 6) | (p[i] & 0x3F);
+        }
+        if ((n == 2 && c < 0x80) || (n == 3 && c < 0x800) || (n == 4 && (c < 0x10000 || c > 0x10FFFF)))
+            return false; /* overlong, or past Unicode */
+        if (!printable(c) || ++chars > JOB_ID_MAX_CHARS)
+            return false;
+        p += n;
     }
-    return true;
+    return chars >= 1;
 }
 
 /* ---- ack subjects (§3.1) ---- */
@@ -138,7 +181,7 @@ void base64_encode(const unsigned char *in, size_t n, char *out, bool url_unpadd
 
 void job_token(const char *job_id, char out[JOB_TOKEN_MAX])
 {
-    bool plain = *job_id != '\0' && strncmp(job_id, "b64_", 4) != 0 && strlen(job_id) <= 256;
+    bool plain = *job_id != '\0' && strncmp(job_id, "b64_", 4) != 0 && strlen(job_id) <= JOB_ID_MAX_CHARS;
     for (const char *p = job_id; plain && *p; p++)
         if (!isalnum((unsigned char)*p) && *p != '-' && *p != '_' && *p != '=')
             plain = false;
@@ -146,7 +189,7 @@ void job_token(const char *job_id, char out[JOB_TOKEN_MAX])
         strcpy(out, job_id);
         return;
     }
-    size_t n = strnlen(job_id, 256); /* a valid job id is at most 256 bytes */
+    size_t n = strnlen(job_id, JOB_ID_MAX_BYTES); /* a valid job id is at most 1024 bytes */
     memcpy(out, "b64_", 4);
     base64_encode((const unsigned char *)job_id, n, out + 4, true);
 }

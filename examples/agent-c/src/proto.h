@@ -19,7 +19,10 @@ int64_t mono_ns(void);
 
 /* §1 Names: a queue, kind or agent id is 1-128 of A-Z a-z 0-9 - _. */
 bool valid_token(const char *s);
-/* §1 Names: a job id is 1-256 printable characters without spaces. */
+/* §1 Names: a job id is valid UTF-8 of 1-256 characters (code points), each a
+ * letter, mark, number, punctuation or symbol: up to 1024 bytes. */
+#define JOB_ID_MAX_CHARS 256
+#define JOB_ID_MAX_BYTES (4 * JOB_ID_MAX_CHARS)
 bool valid_job_id(const char *s);
 
 /* §3.1 The ack subject of a delivery, v1 (9 tokens) or v2 (11 or more). */
@@ -35,8 +38,8 @@ typedef struct {
 bool parse_ack_subject(const char *subject, ack_subject *out);
 
 /* §3.3 The job token: the id itself, or "b64_" + unpadded base64url of it.
- * out must hold 4 + 4*ceil(256/3) + 1 bytes; JOB_TOKEN_MAX is enough. */
-#define JOB_TOKEN_MAX 352
+ * out must hold 4 + 4*ceil(JOB_ID_MAX_BYTES/3) + 1 bytes; JOB_TOKEN_MAX is enough. */
+#define JOB_TOKEN_MAX 1376
 void job_token(const char *job_id, char out[JOB_TOKEN_MAX]);
 
 /* §2.1 Durations as Go writes them: "250ms", "1.5s", "1m30s" (ns us ms s m h). */

@@ -30,26 +30,29 @@ type Service struct {
 	stopping atomic.Bool
 }
 
-// New builds the agent of cfg on env and registers its handlers.
+// New builds the handlers of cfg, then the agent on env, and registers them.
 func New(cfg *ServiceConfig, env *service.Env) (*Service, error) {
-	a, err := agent.New(cfg.Agent, env)
-	if err != nil {
-		return nil, err
-	}
-	s := &Service{agent: a}
-	for _, kind := range slices.Sorted(maps.Keys(cfg.Handlers)) {
-		hc := cfg.Handlers[kind]
-		h, err := newHandler(kind, hc, env)
-		if err == nil {
-			if err = a.Register(kind, h.run, hc.KindOptions()); err != nil {
-				h.close()
-			}
-		}
+	s := &Service{}
+	kinds := slices.Sorted(maps.Keys(cfg.Handlers))
+	for _, kind := range kinds {
+		h, err := newHandler(kind, cfg.Handlers[kind], env)
 		if err != nil {
 			s.close()
 			return nil, fmt.Errorf("handlers.%s: %w", kind, err)
 		}
 		s.handlers = append(s.handlers, h)
+	}
+	a, err := agent.New(env.Conn, cfg.Agent, agent.WithEnv(env))
+	if err != nil {
+		s.close()
+		return nil, err
+	}
+	s.agent = a
+	for i, kind := range kinds {
+		if err := a.Register(kind, s.handlers[i].run, cfg.Handlers[kind].KindOptions()); err != nil {
+			s.close()
+			return nil, fmt.Errorf("handlers.%s: %w", kind, err)
+		}
 	}
 	return s, nil
 }

@@ -16,7 +16,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/jetfleet/jetfleet/pkg/agent/agentservice"
 	"github.com/jetfleet/jetfleet/pkg/agent/command"
@@ -29,10 +28,7 @@ import (
 
 func TestMain(m *testing.M) {
 	command.RunLauncherIfRequested()
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).syncBlocks"),
-	)
+	natstest.VerifyNoLeaks(m)
 }
 
 func TestServiceRunsConfiguredHandlers(t *testing.T) {

@@ -32,8 +32,12 @@ const (
 	EnvScheduleID   = "JETFLEET_SCHEDULE_ID"
 	EnvNominalTime  = "JETFLEET_NOMINAL_TIME"
 	EnvReplayedFrom = "JETFLEET_REPLAYED_FROM"
-	EnvTraceParent  = "TRACEPARENT"
-	EnvTraceState   = "TRACESTATE"
+	// EnvIdempotencyKey and EnvAttemptKey identify the job's run and the
+	// attempt (agent.Job.IdempotencyKey and AttemptKey).
+	EnvIdempotencyKey = "JETFLEET_IDEMPOTENCY_KEY"
+	EnvAttemptKey     = "JETFLEET_ATTEMPT_KEY"
+	EnvTraceParent    = "TRACEPARENT"
+	EnvTraceState     = "TRACESTATE"
 )
 
 // Handler runs a configured program for each job. Use its Run method as
@@ -263,6 +267,8 @@ func (h *Handler) environ(ctx context.Context, job *agent.Job) []string {
 	env[EnvQueue] = job.Queue
 	env[EnvAttempt] = strconv.Itoa(job.Attempt)
 	env[EnvMaxAttempts] = strconv.Itoa(job.MaxAttempts)
+	env[EnvIdempotencyKey] = job.IdempotencyKey()
+	env[EnvAttemptKey] = job.AttemptKey()
 	if !job.Deadline.IsZero() {
 		env[EnvDeadline] = job.Deadline.UTC().Format(time.RFC3339Nano)
 	}

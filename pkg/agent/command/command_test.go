@@ -19,7 +19,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/jetfleet/jetfleet/pkg/agent"
 	"github.com/jetfleet/jetfleet/pkg/agent/command"
@@ -54,10 +53,7 @@ func TestMain(m *testing.M) {
 			panic(err)
 		}
 	}
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).syncBlocks"),
-	)
+	natstest.VerifyNoLeaks(m)
 }
 
 // helperReport is what the helper program prints.
@@ -98,7 +94,7 @@ func setup(t *testing.T, agentCfg agent.Config, kinds map[string]command.Config)
 		agentCfg.OutputTail = 64 << 10
 	}
 	agentCfg.StartedEventAfter = -1
-	a, err := agent.New(agentCfg, env.Env)
+	a, err := agent.New(env.Env.Conn, agentCfg, agent.WithEnv(env.Env))
 	require.NoError(t, err)
 	for kind, cfg := range kinds {
 		h, err := command.New(cfg)
@@ -360,6 +356,9 @@ func TestEnvironmentHasJobMetadataAndNoAgentSecrets(t *testing.T) {
 	assert.Equal(t, "default", env[command.EnvQueue])
 	assert.Equal(t, "1", env[command.EnvAttempt])
 	assert.Equal(t, "3", env[command.EnvMaxAttempts])
+	key := protocol.IdempotencyKey("env-1", ev.GetStreamSequence())
+	assert.Equal(t, key, env[command.EnvIdempotencyKey])
+	assert.Equal(t, key+"#1", env[command.EnvAttemptKey])
 	deadline, err := time.Parse(time.RFC3339, env[command.EnvDeadline])
 	require.NoError(t, err, "deadline is RFC 3339")
 	assert.WithinDuration(t, published.Add(time.Minute), deadline, 15*time.Second)
@@ -372,7 +371,7 @@ func TestEnvironmentHasJobMetadataAndNoAgentSecrets(t *testing.T) {
 	assert.Equal(t, command.DefaultPath, env["PATH"])
 
 	want := []string{"CONFIGURED", "INHERITED_VAR", "PATH", helperEnv, command.EnvAttempt, command.EnvDeadline, command.EnvJobID,
-		command.EnvKind, command.EnvMaxAttempts, command.EnvNominalTime, command.EnvQueue, command.EnvScheduleID, command.EnvTraceParent}
+		command.EnvIdempotencyKey, command.EnvAttemptKey, command.EnvKind, command.EnvMaxAttempts, command.EnvNominalTime, command.EnvQueue, command.EnvScheduleID, command.EnvTraceParent}
 	var keys []string
 	for k := range env {
 		keys = append(keys, k)

@@ -12,6 +12,8 @@
 //
 //	JETFLEET_JOB_ID, JETFLEET_KIND, JETFLEET_QUEUE, JETFLEET_ATTEMPT,
 //	JETFLEET_MAX_ATTEMPTS, JETFLEET_DEADLINE (RFC 3339, UTC),
+//	JETFLEET_IDEMPOTENCY_KEY and JETFLEET_ATTEMPT_KEY (the run's and the
+//	attempt's keys, see agent.Job.IdempotencyKey),
 //	JETFLEET_SCHEDULE_ID and JETFLEET_NOMINAL_TIME (jobs fired by the
 //	scheduler), JETFLEET_REPLAYED_FROM (replayed dead letters), and
 //	TRACEPARENT/TRACESTATE (the agent's execution span).

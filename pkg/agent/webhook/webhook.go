@@ -8,7 +8,9 @@
 //	Jetfleet-Job-Id, Jetfleet-Queue, Jetfleet-Kind, Jetfleet-Attempt,
 //	Jetfleet-Max-Attempts, Jetfleet-Deadline (RFC 3339, UTC),
 //	Jetfleet-Schedule-Id and Jetfleet-Nominal-Time (jobs fired by the
-//	scheduler), Jetfleet-Replayed-From, Idempotency-Key (the job id), and
+//	scheduler), Jetfleet-Replayed-From, Idempotency-Key (the run's key,
+//	agent.Job.IdempotencyKey: the same on every delivery and attempt of
+//	the job's message), Jetfleet-Attempt-Key, and
 //	traceparent/tracestate (the agent's execution span).
 //
 // The response decides the outcome:
@@ -135,6 +137,7 @@ const (
 	HeaderAttempt        = "Jetfleet-Attempt"
 	HeaderDeadline       = "Jetfleet-Deadline"
 	HeaderIdempotencyKey = "Idempotency-Key"
+	HeaderAttemptKey     = "Jetfleet-Attempt-Key"
 )
 
 // Handler POSTs jobs to one URL. Use its Run method as the kind's
@@ -219,7 +222,8 @@ func (h *Handler) setHeaders(ctx context.Context, req *http.Request, job *agent.
 	req.Header.Set("User-Agent", "jetfleet-agent ("+agent.Version+")")
 	set := func(k, v string) { req.Header[k] = []string{v} }
 	set(protocol.HeaderJobID, job.ID)
-	set(HeaderIdempotencyKey, job.ID)
+	set(HeaderIdempotencyKey, job.IdempotencyKey())
+	set(HeaderAttemptKey, job.AttemptKey())
 	set(HeaderQueue, job.Queue)
 	set(HeaderKind, job.Kind)
 	set(HeaderAttempt, strconv.Itoa(job.Attempt))

@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/jetfleet/jetfleet/pkg/agent"
 	"github.com/jetfleet/jetfleet/pkg/agent/webhook"
@@ -23,10 +22,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
-		goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).syncBlocks"),
-	)
+	natstest.VerifyNoLeaks(m)
 }
 
 // request is what the test server received.
@@ -106,7 +102,7 @@ func setup(t *testing.T, cfg webhook.Config) *fixture {
 	cfg.URL = web.URL + "/hooks/jobs"
 	h, err := webhook.New(cfg)
 	require.NoError(t, err)
-	a, err := agent.New(agent.Config{}, env.Env)
+	a, err := agent.New(env.Env.Conn, agent.Config{}, agent.WithEnv(env.Env))
 	require.NoError(t, err)
 	require.NoError(t, a.Register("hook", h.Run, agent.KindOptions{}))
 	require.NoError(t, a.Start(fleettest.Ctx(t, 10*time.Second)))
@@ -138,9 +134,10 @@ func TestSuccessPostsPayloadAndMetadata(t *testing.T) {
 	require.Len(t, reqs, 1)
 	r := reqs[0]
 	assert.Equal(t, `{"to":"a@example.com"}`, r.body)
+	key := protocol.IdempotencyKey("ok-1", ev.GetStreamSequence())
 	for k, want := range map[string]string{
 		"Content-Type": "application/json", "Authorization": "Bearer s3cret", "Jetfleet-Job-Id": "ok-1",
-		"Idempotency-Key": "ok-1", "Jetfleet-Queue": "default", "Jetfleet-Kind": "hook", "Jetfleet-Attempt": "1",
+		"Idempotency-Key": key, "Jetfleet-Attempt-Key": key + "#1", "Jetfleet-Queue": "default", "Jetfleet-Kind": "hook", "Jetfleet-Attempt": "1",
 		"Jetfleet-Max-Attempts": "4", "Jetfleet-Schedule-Id": "daily", "Jetfleet-Nominal-Time": "2030-01-01T00:00:00Z",
 	} {
 		assert.Equal(t, want, r.header.Get(k), k)

@@ -19,13 +19,14 @@
 package jetfleetpb
 
 import (
+	reflect "reflect"
+	sync "sync"
+	unsafe "unsafe"
+
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
-	reflect "reflect"
-	sync "sync"
-	unsafe "unsafe"
 )
 
 const (
@@ -335,8 +336,11 @@ type JobEvent struct {
 	// When the attempt began.
 	StartedAt *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
 	// Deliveries of this message that did not spend an attempt: snoozes, and
-	// hand-backs by a stopping agent or to an agent that runs the kind. The
-	// attempt of a delivery is delivered − snoozes.
+	// hand-backs (a stopping agent, no free slot, a kind another agent runs).
+	// The attempt of a delivery is delivered − snoozes. Only snoozed and
+	// released events raise it (by one, for the hand-back they record); every
+	// other event, the supervisor's included, carries its delivery's count
+	// (docs/protocol.md §3.3).
 	Snoozes uint32 `protobuf:"varint,19,opt,name=snoozes,proto3" json:"snoozes,omitempty"`
 	// The last bytes of the job's output, on terminal and retrying events.
 	OutputTail string `protobuf:"bytes,20,opt,name=output_tail,json=outputTail,proto3" json:"output_tail,omitempty"`
@@ -943,9 +947,19 @@ func (x *Error) GetField() string {
 // the agent replies with an Error document whose code is empty on success.
 type AgentCommand struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// One of: cancel.
+	// One of (an agent answers every one, docs/protocol.md §3.6):
+	//
+	//	cancel:  end the running job job_id as cancelled; it is dead-lettered
+	//	         with reason cancelled.
+	//	timeout: end the running attempt of job_id as timed out (error code
+	//	         timeout): retried while attempts remain. Sent by the supervisor.
+	//	ping:    nothing to do; any reply proves the agent alive. Sent by the
+	//	         supervisor before it declares a silent agent dead.
+	//
+	// Any other action is answered with code invalid_argument, field "action".
 	Action string `protobuf:"bytes,1,opt,name=action,proto3" json:"action,omitempty"`
-	JobId  string `protobuf:"bytes,2,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// The job, for cancel and timeout.
+	JobId string `protobuf:"bytes,2,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
 	// Why, recorded as the job's last error.
 	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields

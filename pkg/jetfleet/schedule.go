@@ -1,10 +1,7 @@
-package scheduler
+package jetfleet
 
 import (
 	"encoding/json"
-	"errors"
-	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jetfleet/jetfleet/pkg/protocol"
@@ -174,17 +171,9 @@ type Policy struct {
 	EndAt   time.Time `json:"end_at,omitzero"`
 }
 
-const maxTextLength = 1024
-
-// Validate checks what does not depend on the current time or on the
-// server, and returns a *protocol.Error naming the first bad field.
-func (s *Schedule) Validate() error {
-	_, err := compile(s)
-	return err
-}
-
-// triggerField names the trigger set in spec, or returns an error.
-func (sp *Spec) triggerField() (string, error) {
+// TriggerField names the trigger set in sp (spec.cron, spec.interval, …), or
+// returns an error naming the field spec when none or several are set.
+func (sp *Spec) TriggerField() (string, error) {
 	var set []string
 	if sp.Cron != "" {
 		set = append(set, "spec.cron")
@@ -207,65 +196,12 @@ func (sp *Spec) triggerField() (string, error) {
 	return set[0], nil
 }
 
-func validDuration(field string, d Duration, allowZero bool) error {
-	switch {
-	case d == invalidDuration:
-		return protocol.FieldError(field, "is not a duration such as \"30s\" or \"1m30s\"")
-	case d < 0:
-		return protocol.FieldError(field, "must not be negative")
-	case d == 0 && !allowZero:
-		return protocol.FieldError(field, "is required")
-	}
-	return nil
-}
-
-func wholeSeconds(field string, d time.Duration) error {
-	if d%time.Second != 0 {
-		return protocol.FieldError(field, "must be a whole number of seconds, got %s", d)
-	}
-	return nil
-}
-
-// validateSubjectFilter checks a NATS subject filter.
-func validateSubjectFilter(field, subject string) error {
-	if subject == "" {
-		return protocol.FieldError(field, "is required")
-	}
-	tokens := strings.Split(subject, ".")
-	for i, tok := range tokens {
-		switch {
-		case tok == "":
-			return protocol.FieldError(field, "subject %q has an empty token", subject)
-		case strings.ContainsAny(tok, " \t\r\n"):
-			return protocol.FieldError(field, "subject %q contains white space", subject)
-		case tok == ">" && i != len(tokens)-1:
-			return protocol.FieldError(field, "in subject %q, '>' must be the last token", subject)
-		case tok != "*" && tok != ">" && strings.ContainsAny(tok, "*>"):
-			return protocol.FieldError(field, "in subject %q, wildcards must be whole tokens", subject)
-		}
-	}
-	return nil
-}
-
 // DecodeSchedule reads a schedule document, reporting a field that has the
 // wrong type as an invalid_argument error naming it.
 func DecodeSchedule(data []byte) (*Schedule, error) {
 	var s Schedule
-	if err := decodeJSON(data, &s); err != nil {
+	if err := protocol.DecodeDocument(data, &s); err != nil {
 		return nil, err
 	}
 	return &s, nil
 }
-
-func decodeJSON(data []byte, v any) error {
-	if err := json.Unmarshal(data, v); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) {
-			return protocol.FieldError(te.Field, "cannot be a JSON %s", te.Value)
-		}
-		return protocol.Errorf(protocol.CodeInvalidArgument, "malformed JSON: %v", err)
-	}
-	return nil
-}
-
-func fieldf(format string, args ...any) string { return fmt.Sprintf(format, args...) }

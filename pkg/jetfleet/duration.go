@@ -1,4 +1,4 @@
-package scheduler
+package jetfleet
 
 import (
 	"encoding/json"
@@ -31,7 +31,7 @@ func (d Duration) MarshalJSON() ([]byte, error) {
 const invalidDuration = Duration(math.MinInt64)
 
 // UnmarshalJSON implements json.Unmarshaler. A value that is not a duration
-// string decodes as invalid and is reported by Schedule.Validate.
+// string decodes as invalid and is reported by the scheduler, naming the field.
 func (d *Duration) UnmarshalJSON(data []byte) error {
 	var s string
 	if err := json.Unmarshal(data, &s); err != nil {
@@ -46,3 +46,6 @@ func (d *Duration) UnmarshalJSON(data []byte) error {
 	*d = Duration(v)
 	return nil
 }
+
+// Valid reports whether d decoded from a duration string (see UnmarshalJSON).
+func (d Duration) Valid() bool { return d != invalidDuration }

@@ -1,0 +1,88 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
+	"github.com/jetfleet/jetfleet/pkg/telemetry"
+)
+
+// What earlier deliveries of a job message left in its events.
+
+// history is what a job's events say about earlier deliveries of one message.
+type history struct {
+	// succeeded: an earlier delivery succeeded (its ack was lost).
+	succeeded bool
+	// dead: the job's dead letter is stored (the TERM after it was lost).
+	dead bool
+	// verdict is a failed or cancelled event whose dead letter is missing.
+	verdict *jetfleetpb.JobEvent
+	// snoozes counts deliveries that spent no attempt.
+	snoozes uint32
+	// lastError of the latest failed attempt.
+	lastError string
+}
+
+// historyTypes are the event types history reads: one direct get each, on
+// the type's own subject, so no event arriving out of order can hide one.
+var historyTypes = []string{
+	protocol.EventSucceeded, protocol.EventSkippedDuplicate, protocol.EventFailed, protocol.EventCancelled,
+	protocol.EventDead, protocol.EventSnoozed, protocol.EventReleased, protocol.EventRetrying,
+}
+
+// history reads the job's latest event of each kind that matters, keeping
+// those about this message (seq).
+func (a *Agent) history(ctx context.Context, job *Job, seq uint64) history {
+	getCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	latest := make([]*jetfleetpb.JobEvent, len(historyTypes))
+	var wg sync.WaitGroup
+	for i, typ := range historyTypes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m, err := a.events.GetLastMsgForSubject(getCtx, protocol.JobEventSubject(job.Queue, job.Kind, typ, job.ID))
+			if err != nil {
+				if !errors.Is(err, jetstream.ErrMsgNotFound) {
+					a.logger.Warn("job events unreadable; treating the redelivery as new", telemetry.LogJobID, job.ID, telemetry.LogError, err)
+				}
+				return
+			}
+			var ev jetfleetpb.JobEvent
+			if err := protocol.Unmarshal(m.Data, &ev); err != nil || ev.GetStreamSequence() != seq {
+				return // undecodable, or about another message with the same job id
+			}
+			latest[i] = &ev
+		}()
+	}
+	wg.Wait()
+	var h history
+	var lastFailure time.Time
+	for i, ev := range latest {
+		if ev == nil {
+			continue
+		}
+		h.snoozes = max(h.snoozes, ev.GetSnoozes())
+		switch historyTypes[i] {
+		case protocol.EventSucceeded, protocol.EventSkippedDuplicate:
+			h.succeeded = true
+		case protocol.EventDead:
+			h.dead = true
+		case protocol.EventFailed, protocol.EventCancelled:
+			if latest[slices.Index(historyTypes, protocol.EventDead)] == nil {
+				h.verdict = ev
+			}
+		}
+		if ev.GetError() != "" && ev.GetTime().AsTime().After(lastFailure) {
+			lastFailure, h.lastError = ev.GetTime().AsTime(), ev.GetError()
+		}
+	}
+	return h
+}
