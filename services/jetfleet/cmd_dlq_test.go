@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -179,6 +180,18 @@ func TestSupervisorCommands(t *testing.T) {
 	require.NotEmpty(t, status.Queues)
 	assert.Equal(t, "30s", status.Queues[0]["ack_wait"])
 
+	// submit starts a span and sends traceparent: the agent's events carry the trace id submit prints.
+	out, err = cli("submit", "-id", "traced-1", "default", "invoice", `{"n":2}`)
+	require.NoError(t, err)
+	traceID := printedTraceID(t, out)
+	ev := events.WaitFor(t, 10*time.Second, "traced-1", protocol.EventSucceeded)
+	assert.Equal(t, traceID, ev.GetTraceId(), "the job's events continue the trace of submit")
+	out, err = cli("submit", "-id", "traced-2", "default", "invoice", "not JSON")
+	require.NoError(t, err)
+	traceID = printedTraceID(t, out)
+	ev = events.WaitFor(t, 10*time.Second, "traced-2", protocol.EventSucceeded)
+	assert.Equal(t, traceID, ev.GetTraceId(), "a payload published byte for byte carries the trace too")
+
 	out, err = cli("queue", "add", "-ack-wait", "2m", "reports")
 	require.NoError(t, err)
 	assert.Contains(t, out, "queue created: reports (ack wait 2m0s, max deliver 20)", "tables print Go durations")
@@ -231,4 +244,12 @@ func assertJSONDuration(t *testing.T, v any, what string) {
 	if assert.True(t, ok, "%s is %T %v, not a string", what, v, v) {
 		assert.Regexp(t, `^[0-9]+(\.[0-9]+)?s$`, s, what)
 	}
+}
+
+// printedTraceID reads the trace id submit prints.
+func printedTraceID(t *testing.T, out string) string {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^trace ([0-9a-f]{32})$`).FindStringSubmatch(out)
+	require.NotNil(t, m, "submit prints the trace id: %s", out)
+	return m[1]
 }
