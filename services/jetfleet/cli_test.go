@@ -115,6 +115,8 @@ func TestUsageErrorsNameTheMissingPiece(t *testing.T) {
 		{[]string{"submit", "default"}, "submit needs the <kind>"},
 		{[]string{"config", "print"}, "config print needs the <service> (agent, dev, scheduler or supervisor)"},
 		{[]string{"config", "print", "nosuch"}, `config print: unknown service "nosuch"`},
+		{[]string{"completion"}, "completion needs the <shell> (bash or zsh)"},
+		{[]string{"completion", "fish"}, `completion: unknown shell "fish"`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			t.Parallel()

@@ -20,7 +20,8 @@ Commands that talk to a fleet connect to -server ($NATS_URL, default nats://127.
 Exit status: 0 done; 1 failed or refused (a dead letter replayed before, a purge that found nothing to purge,
 a trigger the overlap policy skipped); 2 a usage error (a missing argument, an unknown flag or command).
 
-Run 'jetfleet help <command>' or 'jetfleet <command> -h' for a command's flags.`
+Run 'jetfleet help <command>' or 'jetfleet <command> -h' for a command's flags.
+'jetfleet completion bash|zsh' prints a shell completion script.`
 
 // printUsage prints a group's usage: its commands.
 func (c *command) printUsage(w io.Writer) {
