@@ -83,7 +83,7 @@ func TestUsageErrorsNameTheMissingPiece(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{}, "jetfleet needs a command"},
+		{[]string{}, "no command given"},
 		{[]string{"nosuch"}, `unknown command "nosuch"`},
 		{[]string{"dlq"}, "dlq needs a subcommand: ls, show, replay or purge"},
 		{[]string{"dlq", "nosuch"}, `unknown dlq command "nosuch": want ls, show, replay or purge`},
@@ -96,6 +96,10 @@ func TestUsageErrorsNameTheMissingPiece(t *testing.T) {
 		{[]string{"schedule", "add", "-f", "x.json", "nightly"}, "schedule add takes the schedule <id> or -f, not both"},
 		{[]string{"schedule", "get"}, "schedule get needs the schedule <id>"},
 		{[]string{"schedule", "get", "a", "b"}, `schedule get takes the schedule <id>, got 1 more: ["b"]`},
+		{[]string{"schedule", "add", "-every", "soon", "nightly"}, `schedule add: -every "soon" is not a duration such as 30s or 1h`},
+		{[]string{"schedule", "add", "-kind", "k", "-payload", "{", "-every", "1h", "nightly"}, "schedule add: -payload is not JSON"},
+		{[]string{"dlq", "ls", "-since", "yesterday"}, `dlq ls: -since "yesterday" is neither an RFC 3339 time nor a duration`},
+		{[]string{"submit", "-backoff", "x", "default", "echo"}, `submit: -backoff "x"`},
 		{[]string{"schedule", "rm"}, "schedule rm needs the schedule <id>"},
 		{[]string{"schedule", "pause"}, "schedule pause needs the schedule <id>"},
 		{[]string{"schedule", "resume"}, "schedule resume needs the schedule <id>"},

@@ -71,7 +71,7 @@ func timeOrAgo(flagName, v string, now time.Time) (time.Time, error) {
 	}
 	t, err := time.Parse(time.RFC3339, v)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("-%s %q is neither an RFC 3339 time nor a duration such as 1h", flagName, v)
+		return time.Time{}, flagValueErrorf("-%s %q is neither an RFC 3339 time nor a duration such as 1h", flagName, v)
 	}
 	return t, nil
 }

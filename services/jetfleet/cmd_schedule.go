@@ -95,7 +95,7 @@ func addDefinitionFlags(fs *flag.FlagSet, withFile bool) *definitionFlags {
 func parseTime(flagName, v string) (time.Time, error) {
 	t, err := time.Parse(time.RFC3339, v)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("-%s %q is not an RFC 3339 time such as 2026-01-02T15:04:05Z", flagName, v)
+		return time.Time{}, flagValueErrorf("-%s %q is not an RFC 3339 time such as 2026-01-02T15:04:05Z", flagName, v)
 	}
 	return t, nil
 }
@@ -108,7 +108,7 @@ func duration(flagName, v string) (jetfleet.Duration, error) {
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil {
-		return 0, fmt.Errorf("-%s %q is not a duration such as 30s or 1h", flagName, v)
+		return 0, flagValueErrorf("-%s %q is not a duration such as 30s or 1h", flagName, v)
 	}
 	return jetfleet.Duration(d), nil
 }
@@ -175,7 +175,7 @@ func (d *definitionFlags) build(id string) (*jetfleet.Schedule, error) {
 	}
 	if d.payload != "" {
 		if !json.Valid([]byte(d.payload)) {
-			return nil, fmt.Errorf("-payload is not JSON: %s", d.payload)
+			return nil, flagValueErrorf("-payload is not JSON: %s", d.payload)
 		}
 		s.Target.Payload = json.RawMessage(d.payload)
 	}

@@ -83,7 +83,7 @@ func setupSubmit(fs *flag.FlagSet) action {
 		if *backoff != "" {
 			b, err := protocol.ParseBackoff(*backoff)
 			if err != nil {
-				return fmt.Errorf("-backoff %q %v", *backoff, err)
+				return flagValueErrorf("-backoff %q %v", *backoff, err)
 			}
 			job.Backoff = b
 		}

@@ -115,6 +115,16 @@ func usageErrorf(c *command, format string, args ...any) error {
 	return &usageError{cmd: c, msg: fmt.Sprintf(format, args...)}
 }
 
+// flagValueError is a flag value a command found wrong once it ran (a
+// time, a duration, a JSON payload): exec reports it as a usage error.
+type flagValueError struct{ msg string }
+
+func (e *flagValueError) Error() string { return e.msg }
+
+func flagValueErrorf(format string, args ...any) error {
+	return &flagValueError{msg: fmt.Sprintf(format, args...)}
+}
+
 // hint says where the usage of the command that failed is.
 func (e *usageError) hint() string { return fmt.Sprintf("Run '%s -h' for usage.", e.cmd.title()) }
 
@@ -125,7 +135,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		if len(args) == 0 {
 			c.printUsage(out)
 			if c == root {
-				return usageErrorf(c, "jetfleet needs a command")
+				return usageErrorf(c, "no command given")
 			}
 			return usageErrorf(c, "%s needs a subcommand: %s", c.path(), orList(c.subNames()))
 		}
@@ -213,7 +223,12 @@ func (c *command) exec(ctx context.Context, args []string, out io.Writer) error 
 		return usageErrorf(c, "%s: -o %q: want table or json", c.path(), inv.format)
 	}
 	inv.args, inv.raw = pos, args
-	return act(ctx, inv)
+	err = act(ctx, inv)
+	var fe *flagValueError
+	if errors.As(err, &fe) {
+		return usageErrorf(c, "%s: %s", c.path(), fe.msg)
+	}
+	return err
 }
 
 // parseArgs parses flags anywhere among args, as kubectl and nats do
@@ -249,7 +264,7 @@ func (inv *invocation) wantArgs(required int, names ...string) error {
 		if len(names) == 0 {
 			return usageErrorf(c, "%s takes no arguments, got %q", c.path(), extra)
 		}
-		return usageErrorf(c, "%s takes %s, got %d more: %q (flags after '--' are arguments)", c.path(),
+		return usageErrorf(c, "%s takes %s, got %d more: %q", c.path(),
 			strings.Join(names, " and "), len(extra), extra)
 	}
 	return nil
