@@ -13,51 +13,38 @@ import (
 )
 
 func init() {
-	register(command{name: "jobs", summary: "running jobs, a job's status and execution history: jobs ls|get|history", run: runJobs})
+	register(&command{name: "jobs", summary: "running jobs, a job's status and execution history: jobs ls|get|history", subs: []*command{
+		{name: "ls", summary: "List the jobs agents run now, from their heartbeats.", fleet: true, output: true, setup: setupJobsList},
+		{name: "get", args: "<job_id>", summary: "Print a job's status: its latest event, and where it runs now.",
+			fleet: true, output: true, setup: setupJobsGet},
+		{name: "history", args: "(-kind k [-queue q] | -schedule id)", summary: "Print the last executions of a job kind or a schedule, and their statistics.",
+			fleet: true, output: true, setup: setupJobsHistory},
+	}})
 }
 
-var jobsCommands = map[string]subcommand{
-	"ls":      {"[-queue q] [-kind k] [-agent id]", "List the jobs agents run now, from their heartbeats.", runJobsList},
-	"get":     {"[-queue q -kind k] <job id>", "Print a job's status: its latest event, and where it runs now.", runJobsGet},
-	"history": {"-kind k [-queue q] | -schedule id", "Print the last executions of a job kind or a schedule, and their statistics.", runJobsHistory},
-}
-
-func runJobs(ctx context.Context, args []string, out io.Writer) error {
-	return runSubcommand(ctx, "jobs", []string{"ls", "get", "history"}, jobsCommands, args, out)
-}
-
-func runJobsList(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
+func setupJobsList(fs *flag.FlagSet) action {
 	var req jetfleet.RunningJobsRequest
 	fs.StringVar(&req.Queue, "queue", "", "only jobs of this `queue`")
 	fs.StringVar(&req.Kind, "kind", "", "only jobs of this `kind`")
 	fs.StringVar(&req.AgentID, "agent", "", "only jobs of this agent `id`")
-	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args); err != nil {
-		return err
+	return func(ctx context.Context, inv *invocation) error {
+		if err := inv.wantArgs(0); err != nil {
+			return err
+		}
+		return inv.withAPI(ctx, func(ctx context.Context, api *jetfleet.Client) error {
+			res, err := api.RunningJobs(ctx, req)
+			if err != nil {
+				return err
+			}
+			return inv.print(res.Jobs, func(out io.Writer) error {
+				if len(res.Jobs) == 0 {
+					_, err := fmt.Fprintln(out, "no running jobs")
+					return err
+				}
+				return printRunning(out, res.Jobs, time.Now())
+			})
+		})
 	}
-	if fs.NArg() != 0 {
-		fs.Usage()
-		return errUsage
-	}
-	c, api, err := connectSupervisor(cf)
-	if err != nil {
-		return err
-	}
-	defer c.close()
-	rctx, cancel := c.ctx(ctx)
-	defer cancel()
-	res, err := api.RunningJobs(rctx, req)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return printJSON(out, res.Jobs)
-	}
-	if len(res.Jobs) == 0 {
-		fmt.Fprintln(out, "no running jobs")
-		return nil
-	}
-	return printRunning(out, res.Jobs, time.Now())
 }
 
 func printRunning(out io.Writer, jobs []jetfleet.RunningJob, now time.Time) error {
@@ -77,60 +64,85 @@ func printRunning(out io.Writer, jobs []jetfleet.RunningJob, now time.Time) erro
 	return tw.Flush()
 }
 
-func runJobsGet(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
+func setupJobsGet(fs *flag.FlagSet) action {
 	var req jetfleet.JobDetailRequest
 	fs.StringVar(&req.Queue, "queue", "", "the job's `queue`, with -kind (faster)")
 	fs.StringVar(&req.Kind, "kind", "", "the job's `kind`, with -queue")
-	if err := fs.Parse(args); err != nil {
-		return err
+	return func(ctx context.Context, inv *invocation) error {
+		if err := inv.wantArgs(1, "the <job_id>"); err != nil {
+			return err
+		}
+		req.JobID = inv.args[0]
+		return inv.withAPI(ctx, func(ctx context.Context, api *jetfleet.Client) error {
+			res, err := api.JobDetail(ctx, req)
+			if err != nil {
+				return err
+			}
+			return inv.print(res, func(out io.Writer) error { return printJobDetail(out, res) })
+		})
 	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return errUsage
-	}
-	req.JobID = fs.Arg(0)
-	c, api, err := connectSupervisor(cf)
-	if err != nil {
-		return err
-	}
-	defer c.close()
-	rctx, cancel := c.ctx(ctx)
-	defer cancel()
-	res, err := api.JobDetail(rctx, req)
-	if err != nil {
-		return err
-	}
-	return printJSON(out, res)
 }
 
-func runJobsHistory(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
+// printJobDetail prints a job's latest event and where it runs, one field a line.
+func printJobDetail(out io.Writer, res *jetfleet.JobDetail) error {
+	ev, err := res.Decode()
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "JOB\t%s\n", res.JobID)
+	if ev == nil {
+		fmt.Fprintln(tw, "STATE\t- (no event yet: queued, or no such job)")
+	} else {
+		fmt.Fprintf(tw, "STATE\t%s\n", ev.GetType())
+		fmt.Fprintf(tw, "QUEUE\t%s\n", ev.GetQueue())
+		fmt.Fprintf(tw, "KIND\t%s\n", ev.GetKind())
+		fmt.Fprintf(tw, "ATTEMPT\t%d of %d\n", ev.GetAttempt(), ev.GetMaxAttempts())
+		fmt.Fprintf(tw, "AGENT\t%s\n", dash(ev.GetAgentId()))
+		fmt.Fprintf(tw, "TIME\t%s\n", ev.GetTime().AsTime().UTC().Format(time.RFC3339Nano))
+		if ev.GetDuration() != nil {
+			fmt.Fprintf(tw, "DURATION\t%s\n", ev.GetDuration().AsDuration())
+		}
+		if ev.GetRetryIn() != nil {
+			fmt.Fprintf(tw, "RETRY IN\t%s\n", ev.GetRetryIn().AsDuration())
+		}
+		for _, f := range [][2]string{{"REASON", ev.GetReason()}, {"ERROR CODE", ev.GetErrorCode()}, {"ERROR", firstLine(ev.GetError())},
+			{"SCHEDULE", ev.GetScheduleId()}, {"TRACE", ev.GetTraceId()}} {
+			if f[1] != "" {
+				fmt.Fprintf(tw, "%s\t%s\n", f[0], f[1])
+			}
+		}
+	}
+	for _, r := range res.Running {
+		fmt.Fprintf(tw, "RUNNING ON\t%s (attempt %d, delivery %d, %s)\n", r.AgentID, r.Attempt, r.Delivered, r.State)
+	}
+	return tw.Flush()
+}
+
+func setupJobsHistory(fs *flag.FlagSet) action {
 	var req jetfleet.HistoryRequest
 	fs.StringVar(&req.Kind, "kind", "", "executions of this job `kind`")
 	fs.StringVar(&req.Queue, "queue", "", "only in this `queue` (with -kind; default every queue)")
 	fs.StringVar(&req.ScheduleID, "schedule", "", "executions of this schedule `id`")
 	fs.IntVar(&req.Limit, "limit", 0, "most executions (default supervisor.history_size)")
-	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args); err != nil {
-		return err
+	return func(ctx context.Context, inv *invocation) error {
+		if err := inv.wantArgs(0); err != nil {
+			return err
+		}
+		if (req.Kind == "") == (req.ScheduleID == "") {
+			return usageErrorf(inv.cmd, "jobs history needs -kind or -schedule (one of them)")
+		}
+		return inv.withAPI(ctx, func(ctx context.Context, api *jetfleet.Client) error {
+			res, err := api.History(ctx, req)
+			if err != nil {
+				return err
+			}
+			return inv.print(historyResponseJSON(res), func(out io.Writer) error { return printHistory(out, res) })
+		})
 	}
-	if fs.NArg() != 0 || (req.Kind == "") == (req.ScheduleID == "") {
-		fs.Usage()
-		return errUsage
-	}
-	c, api, err := connectSupervisor(cf)
-	if err != nil {
-		return err
-	}
-	defer c.close()
-	rctx, cancel := c.ctx(ctx)
-	defer cancel()
-	res, err := api.History(rctx, req)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return printJSON(out, res)
-	}
+}
+
+func printHistory(out io.Writer, res *jetfleet.HistoryResponse) error {
 	recs, err := res.Decode()
 	if err != nil {
 		return err
