@@ -298,7 +298,7 @@ func TestMainExitStatus(t *testing.T) {
 // runMain runs jetfleet's main with args in a child process.
 func runMain(t *testing.T, args ...string) (status int, stdout, stderr string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^TestMainProcess$", "--"}, args...)...)
+	cmd := exec.Command(os.Args[0], append([]string{"--"}, args...)...) // TestMain runs main
 	cmd.Env = append(os.Environ(), "JETFLEET_TEST_MAIN=1")
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
@@ -309,18 +309,4 @@ func runMain(t *testing.T, args ...string) (status int, stdout, stderr string) {
 	}
 	require.NoError(t, err)
 	return 0, out.String(), errOut.String()
-}
-
-// TestMainProcess is main in a child process of TestMainExitStatus.
-func TestMainProcess(t *testing.T) {
-	if os.Getenv("JETFLEET_TEST_MAIN") != "1" {
-		t.Skip("runs as the child process of TestMainExitStatus")
-	}
-	for i, a := range os.Args {
-		if a == "--" {
-			os.Args = append([]string{"jetfleet"}, os.Args[i+1:]...)
-			break
-		}
-	}
-	main()
 }

@@ -253,3 +253,45 @@ func printedTraceID(t *testing.T, out string) string {
 	require.NotNil(t, m, "submit prints the trace id: %s", out)
 	return m[1]
 }
+
+// TestJobsCancelCommand: jobs cancel removes a queued job and says where it
+// was; cancelling it again is refused (exit 1); a filter that matches
+// nothing says so.
+func TestJobsCancelCommand(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Server(t)
+	supEnv := fleettest.NewEnv(t, srv, topology.Config{})
+	sup, err := supervisor.New(supervisor.Config{CheckInterval: 50 * time.Millisecond}, supEnv.Env, clock.Real())
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	require.NoError(t, sup.Start(ctx))
+	t.Cleanup(func() { _ = sup.Stop(context.Background()) })
+	cli := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		err := run(ctx, append(args, "-server", srv.ClientURL()), &out)
+		return out.String(), err
+	}
+	_, err = cli("submit", "-id", "nightly-report", "reports", "render", `{}`)
+	require.NoError(t, err)
+
+	out, err := cli("jobs", "cancel", "nightly-report", "-reason", "report no longer needed")
+	require.NoError(t, err)
+	assert.Regexp(t, `nightly-report\s+queued`, out)
+	ev := fleettest.WaitLatestEvent(t, supEnv.JetStream, "nightly-report", protocol.EventCancelled, 10*time.Second)
+	assert.Contains(t, ev.GetError(), "report no longer needed")
+
+	_, err = cli("jobs", "cancel", "nightly-report")
+	assert.Equal(t, 1, exitCode(err), "%v", err)
+	assert.ErrorContains(t, err, "already ended: cancelled")
+
+	out, err = cli("jobs", "cancel", "-kind", "render", "-o", "json")
+	require.NoError(t, err)
+	var res jetfleet.CancelResponse
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+	assert.Empty(t, res.Results)
+
+	_, err = cli("jobs", "cancel")
+	assert.Equal(t, 2, exitCode(err), "%v", err)
+	assert.ErrorContains(t, err, "jobs cancel needs a <job_id>, or -queue, -kind or -schedule")
+}

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os/user"
 	"text/tabwriter"
 	"time"
 
@@ -13,13 +14,90 @@ import (
 )
 
 func init() {
-	register(&command{name: "jobs", summary: "running jobs, a job's status and execution history: jobs ls|get|history", subs: []*command{
+	register(&command{name: "jobs", summary: "running jobs, a job's status, execution history and cancels: jobs ls|get|history|cancel", subs: []*command{
 		{name: "ls", summary: "List the jobs agents run now, from their heartbeats.", fleet: true, output: true, setup: setupJobsList},
 		{name: "get", args: "<job_id>", summary: "Print a job's status: its latest event, and where it runs now.",
 			fleet: true, output: true, setup: setupJobsGet},
 		{name: "history", args: "(-kind k [-queue q] | -schedule id)", summary: "Print the last executions of a job kind or a schedule, and their statistics.",
 			fleet: true, output: true, setup: setupJobsHistory},
+		{name: "cancel", args: "<job_id> | (-queue q | -kind k | -schedule id)",
+			summary: "Cancel a job, or the jobs of a queue, kind or schedule, wherever they are.",
+			help: "A running job's agent ends it; a queued or retrying job is removed; a job not found yet is ended\n" +
+				"by the agent that receives it. The run ends cancelled: no dead letter, unless -dead-letter.",
+			fleet: true, output: true, setup: setupJobsCancel},
 	}})
+}
+
+func setupJobsCancel(fs *flag.FlagSet) action {
+	var req jetfleet.CancelRequest
+	fs.StringVar(&req.Queue, "queue", "", "the jobs of this `queue` (with a job id: where to look for it)")
+	fs.StringVar(&req.Kind, "kind", "", "the jobs of this `kind` (with a job id: where to look for it)")
+	fs.StringVar(&req.ScheduleID, "schedule", "", "the jobs of this schedule `id`")
+	fs.StringVar(&req.Reason, "reason", "", "why, recorded as the job's error")
+	fs.BoolVar(&req.DeadLetter, "dead-letter", false, "dead-letter the jobs (reason cancelled) instead")
+	fs.IntVar(&req.Limit, "limit", 0, "most jobs a filter cancels (default 1000, at most 10000)")
+	return func(ctx context.Context, inv *invocation) error {
+		if err := inv.wantArgs(0, "the <job_id>"); err != nil {
+			return err
+		}
+		if len(inv.args) == 1 {
+			req.JobID = inv.args[0]
+		} else if req.Queue == "" && req.Kind == "" && req.ScheduleID == "" {
+			return usageErrorf(inv.cmd, "jobs cancel needs a <job_id>, or -queue, -kind or -schedule")
+		}
+		req.RequestedBy = requester()
+		return inv.withAPI(ctx, func(ctx context.Context, api *jetfleet.Client) error {
+			res, err := api.CancelJobs(ctx, req)
+			if err != nil {
+				return err
+			}
+			if err := inv.print(res, func(out io.Writer) error { return printCancels(out, res) }); err != nil {
+				return err
+			}
+			var failed int
+			for _, r := range res.Results {
+				if r.Error != "" {
+					failed++
+				}
+			}
+			if failed > 0 {
+				return fmt.Errorf("%w: %d of %d jobs not cancelled", errRefused, failed, len(res.Results))
+			}
+			return nil
+		})
+	}
+}
+
+func printCancels(out io.Writer, res *jetfleet.CancelResponse) error {
+	if len(res.Results) == 0 {
+		_, err := fmt.Fprintln(out, "no job matched")
+		return err
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "JOB	WHERE	AGENT	ERROR")
+	for _, r := range res.Results {
+		where := r.Where
+		if r.Error != "" {
+			where = "not cancelled"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.JobID, dash(where), dash(r.AgentID), dash(r.Error))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if res.Truncated {
+		_, err := fmt.Fprintln(out, "more jobs match: run it again")
+		return err
+	}
+	return nil
+}
+
+// requester names who cancels: the user running the CLI.
+func requester() string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return "jetfleet CLI"
 }
 
 func setupJobsList(fs *flag.FlagSet) action {

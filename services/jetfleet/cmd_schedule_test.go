@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +24,18 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv("JETFLEET_TEST_MAIN") == "1" {
+		// The child process of runMain: jetfleet's main, with the
+		// arguments after "--".
+		for i, a := range os.Args {
+			if a == "--" {
+				os.Args = append([]string{"jetfleet"}, os.Args[i+1:]...)
+				break
+			}
+		}
+		main()
+		os.Exit(0)
+	}
 	natstest.VerifyNoLeaks(m)
 }
 
