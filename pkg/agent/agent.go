@@ -73,6 +73,10 @@ type Agent struct {
 
 	slotMu     sync.Mutex
 	nextPuller int // round-robin position for offering freed slots
+	// spare counts free slots no queue has work for: while every queue is
+	// idle, each holds one slot in a request (its probe) and the rest wait
+	// here for the first queue that gets a job.
+	spare atomic.Int64
 
 	// awaiting holds the finished jobs whose answer waits for their outcome
 	// event to be stored (answerOnceStored); at most cfg.MaxUnconfirmed
@@ -267,10 +271,16 @@ func (a *Agent) Start(ctx context.Context) error {
 		return fmt.Errorf("agent: %w", err)
 	}
 	a.runner.Go(a.replies.expireLoop)
-	a.recorder = newRecorder(a.js, a.replies, a.logger)
+	gate := newConnGate(a.nc)
+	a.recorder = newRecorder(a.js, a.replies, gate, a.logger)
 	if err := a.batchEvents(); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
+	gate.onDisconnect = append(gate.onDisconnect, a.replies.abandon)
+	if a.recorder.batches != nil {
+		gate.onDisconnect = append(gate.onDisconnect, a.recorder.batches.abandon)
+	}
+	a.runner.Go(gate.run)
 	if a.control, err = a.nc.Subscribe(protocol.ControlSubject(a.cfg.ID), a.handleControl); err != nil {
 		return fmt.Errorf("agent: control subject: %w", err)
 	}
@@ -292,6 +302,11 @@ func (a *Agent) Start(ctx context.Context) error {
 		a.runner.Go(a.worker)
 	}
 	a.releaseSlots(a.cfg.Concurrency) // every slot is free: ask for jobs
+	// Once Start returns, the server knows the agent's subscriptions: it
+	// answers control commands.
+	if err := a.nc.FlushWithContext(ctx); err != nil {
+		return fmt.Errorf("agent: flush: %w", err)
+	}
 	a.logger.Info("agent started", "queues", a.cfg.Queues, "kinds", a.Kinds(), "concurrency", a.cfg.Concurrency)
 	return nil
 }
@@ -481,25 +496,49 @@ func (a *Agent) worker(ctx context.Context) {
 	}
 }
 
-// releaseSlots offers n freed slots to the queues' pullers, shared evenly
-// and in one offer each, so a puller asks for them in one request; the
-// first share to have an extra slot rotates. Slots no puller takes (the
-// agent is stopping) stay unused.
+// releaseSlots offers n freed slots to the queues' pullers. A queue with
+// no slot at all takes one first, its probe: every queue always has a
+// request open, so a job on an idle queue is seen. The rest go to the
+// queues that have work (busy: their latest request did not expire short
+// of jobs), shared evenly and in one offer each, so a puller asks for them
+// in one request; the first share to have an extra slot rotates. With no
+// busy queue they wait as spare slots, which the first queue to get a job
+// claims (claimSpare). So an idle queue never holds more than its probe
+// while another has jobs waiting. Slots no puller takes (the agent is
+// stopping) stay unused.
 func (a *Agent) releaseSlots(n int) {
 	if n <= 0 || len(a.pullers) == 0 {
 		return
 	}
+	for _, p := range a.pullers {
+		if n > 0 && p.takeProbe() {
+			n--
+		}
+	}
+	if n == 0 {
+		return
+	}
+	busy := make([]*puller, 0, len(a.pullers))
+	for _, p := range a.pullers {
+		if p.busy.Load() {
+			busy = append(busy, p)
+		}
+	}
+	if len(busy) == 0 {
+		a.spare.Add(int64(n))
+		return
+	}
 	a.slotMu.Lock()
-	first := a.nextPuller
+	first := a.nextPuller % len(busy)
 	a.nextPuller = (a.nextPuller + n) % len(a.pullers)
 	a.slotMu.Unlock()
 	left := n
-	for i := range a.pullers {
-		share := n / len(a.pullers)
-		if i < n%len(a.pullers) {
+	for i := range busy {
+		share := n / len(busy)
+		if i < n%len(busy) {
 			share++
 		}
-		if share > 0 && a.pullers[(first+i)%len(a.pullers)].offer(share) {
+		if share > 0 && busy[(first+i)%len(busy)].offer(share) {
 			left -= share
 		}
 	}
@@ -510,6 +549,15 @@ func (a *Agent) releaseSlots(n int) {
 			}
 		}
 	}
+}
+
+// claimSpare hands the spare slots to the busy queues: called when a
+// queue gets a job.
+func (a *Agent) claimSpare() {
+	if a.spare.Load() == 0 {
+		return
+	}
+	a.releaseSlots(int(a.spare.Swap(0)))
 }
 
 func (a *Agent) track(ex *execution) {

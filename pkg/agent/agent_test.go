@@ -851,3 +851,37 @@ func countEvents(e *fleettest.Events, jobID, typ string) int {
 	}
 	return n
 }
+
+// TestIdleQueueLeavesItsSlotsToABusyOne: an agent serving two queues, one
+// of them idle, runs every job of the busy one, as many at once as its
+// slots allow less the idle queue's single probe, while the idle queue's
+// requests expire every 200 ms (its slots went back to the busy queue).
+func TestIdleQueueLeavesItsSlotsToABusyOne(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	const jobs = 300
+	var running, most atomic.Int32
+	var late atomic.Int32 // the most running at once after the 100th job
+	var started atomic.Int32
+	f.startAgent(t, agent.Config{Concurrency: 4, Queues: []string{"idle", "default"}, FetchMaxWait: 200 * time.Millisecond},
+		func(a *agent.Agent) {
+			must(t, a.Register("work", func(ctx context.Context, job *agent.Job) error {
+				n := running.Add(1)
+				defer running.Add(-1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				if started.Add(1) > 100 {
+					for m := late.Load(); n > m && !late.CompareAndSwap(m, n); m = late.Load() {
+					}
+				}
+				time.Sleep(20 * time.Millisecond) // the work
+				return nil
+			}, agent.KindOptions{}))
+		})
+	for i := range jobs {
+		fleettest.Publish(t, f.js, protocol.Job{ID: fmt.Sprintf("j-%d", i), Queue: "default", Kind: "work"})
+	}
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, 60*time.Second)
+	assert.Equal(t, int32(3), late.Load(), "every slot but the idle queue's probe runs the busy queue's jobs")
+	assert.LessOrEqual(t, most.Load(), int32(4))
+}

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -73,6 +74,11 @@ type puller struct {
 	holdUntil time.Time
 	stopping  bool
 	drained   chan struct{} // closed once stopping with nothing outstanding
+
+	// busy: the queue has work. Set by a delivery, cleared when a request
+	// expires short of jobs; an idle queue keeps one slot (its probe) and
+	// gives the rest to the busy ones (Agent.releaseSlots).
+	busy atomic.Bool
 }
 
 // pullRequest is a request that may still deliver jobs.
@@ -123,6 +129,20 @@ func (p *puller) offer(n int) bool {
 	return true
 }
 
+// takeProbe gives a puller that holds no slot (none gathered, none
+// outstanding) one, to keep a request open on its queue. It reports
+// whether it took it.
+func (p *puller) takeProbe() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopping || p.gathered > 0 || p.outstanding > 0 {
+		return false
+	}
+	p.gathered = 1
+	p.requestLocked()
+	return true
+}
+
 // requestLocked sends a pull request for the gathered slots when nothing
 // is outstanding, or when at most lowWater jobs are and minBatch slots are
 // gathered.
@@ -165,6 +185,9 @@ func (p *puller) receive(m *nats.Msg) {
 			p.a.logger.Warn("job delivered for a request counted lost; no slot is free for it, so it is handed back", telemetry.LogQueue, p.q.name)
 		}
 		p.mu.Unlock()
+		if !p.busy.Swap(true) || p.a.spare.Load() > 0 {
+			p.a.claimSpare() // the queue has work: the spare slots are its
+		}
 		p.a.startJob(p.q, newDelivery(p.a.nc, m), reserved)
 		return
 	}
@@ -213,9 +236,23 @@ func (p *puller) endLocked(id uint64, status string, h nats.Header) (freed int) 
 	}
 	req := &p.open[i]
 	p.asked -= req.batch
-	undelivered := p.undelivered(req.batch, status, h)
+	undelivered := min(p.undelivered(req.batch, status, h), p.outstanding)
 	req.batch = 0
-	return p.returnLocked(min(undelivered, p.outstanding))
+	if status == "408" && undelivered > 0 && !p.stopping {
+		// Expired short of jobs: the queue is idle. It keeps one slot for
+		// its next request unless another request is still open; the
+		// others go to the queues that have work.
+		p.busy.Store(false)
+		p.outstanding -= undelivered
+		keep := 0
+		if p.outstanding == 0 && p.gathered == 0 {
+			keep = 1
+		}
+		p.gathered += keep
+		p.requestLocked()
+		return undelivered - keep
+	}
+	return p.returnLocked(undelivered)
 }
 
 // consumerGone reports whether a 409 says the consumer is gone from under

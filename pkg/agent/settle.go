@@ -76,8 +76,22 @@ func (a *Agent) cancelRun(ex *execution, ev *jetfleetpb.JobEvent) {
 func (a *Agent) ack(ex *execution) {
 	msg := &nats.Msg{Subject: ex.msg.Reply(), Data: ackBody}
 	if err := a.replies.send(msg, (*unconfirmedAck)(ex)); err != nil {
+		if !a.recorder.gate.connected() {
+			a.ackOnceReconnected(ex)
+			return
+		}
 		a.logger.Warn("ack not sent; JetStream delivers the job again and the redelivery is skipped", telemetry.LogJobID, ex.job.ID, telemetry.LogError, err)
 	}
+}
+
+// ackOnceReconnected sends the ack again once the connection is back (an
+// ack is idempotent), sparing the job a redelivery.
+func (a *Agent) ackOnceReconnected(ex *execution) {
+	go func() {
+		if a.recorder.gate.waitConnected(a.recorder.stopped) {
+			a.ack(ex)
+		}
+	}()
 }
 
 var ackBody = []byte(protocol.AckBody)
@@ -86,6 +100,10 @@ var ackBody = []byte(protocol.AckBody)
 type unconfirmedAck execution
 
 func (u *unconfirmedAck) answered(_ []byte, err error) {
+	if errors.Is(err, errDisconnected) {
+		u.agent.ackOnceReconnected((*execution)(u))
+		return
+	}
 	if err != nil {
 		u.agent.logger.Warn("ack not confirmed; a redelivery will be skipped", telemetry.LogJobID, u.job.ID, telemetry.LogError, err)
 	}
