@@ -304,7 +304,9 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.releaseSlots(a.cfg.Concurrency) // every slot is free: ask for jobs
 	// Once Start returns, the server knows the agent's subscriptions: it
 	// answers control commands.
-	if err := a.nc.FlushWithContext(ctx); err != nil {
+	flushCtx, cancelFlush := context.WithTimeout(ctx, asyncTimeout) // FlushWithContext needs a deadline
+	defer cancelFlush()
+	if err := a.nc.FlushWithContext(flushCtx); err != nil {
 		return fmt.Errorf("agent: flush: %w", err)
 	}
 	a.logger.Info("agent started", "queues", a.cfg.Queues, "kinds", a.Kinds(), "concurrency", a.cfg.Concurrency)

@@ -64,12 +64,12 @@ type jobEvents struct {
 
 // pendingEvent is one event published and not yet confirmed.
 type pendingEvent struct {
-	r      *recorder
-	msg    *nats.Msg
-	tries  int
+	r     *recorder
+	msg   *nats.Msg
+	tries int
 	// waits counts the tries that failed while the connection was down:
 	// they do not count against maxEventTries.
-	waits int
+	waits  int
 	job    string // job token
 	number uint64 // this event's number among the job's events
 	// then, when set, is told once whether the event was stored.

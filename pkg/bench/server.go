@@ -22,7 +22,7 @@ import (
 // fleetStreams are the streams of a jetfleet topology, key-value buckets
 // included; the supervisor adds its own.
 var fleetStreams = []string{
-	protocol.StreamJobs, protocol.StreamDLQ, protocol.StreamEvents, protocol.StreamAdvisories,
+	protocol.StreamDelayed, protocol.StreamJobs, protocol.StreamDLQ, protocol.StreamEvents, protocol.StreamAdvisories,
 	"KV_" + protocol.BucketSchedules, "KV_" + protocol.BucketScheduleState, "KV_" + protocol.BucketLeases, "KV_" + protocol.BucketAgents,
 	"KV_" + protocol.BucketCancels,
 }

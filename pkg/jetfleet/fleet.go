@@ -84,6 +84,8 @@ type JobDetail struct {
 	Event         json.RawMessage `json:"event,omitempty"`
 	EventSequence uint64          `json:"event_sequence,omitempty"`
 	Running       []RunningJob    `json:"running,omitempty"`
+	// Delayed is set while the job waits in DELAYED for its process_at.
+	Delayed *protocol.DelayedJob `json:"delayed,omitempty"`
 }
 
 // Decode returns the latest event, or nil.
@@ -136,6 +138,8 @@ type FleetStatus struct {
 	Running     int           `json:"running"`
 	Queues      []QueueStatus `json:"queues"`
 	DLQDepth    uint64        `json:"dlq_depth"`
+	// Delayed counts the delayed jobs waiting for their process_at.
+	Delayed uint64 `json:"delayed"`
 	// Unroutable counts the jobs in JOBS that no queue consumer delivers
 	// (a queue without a consumer, a subject of the wrong shape); the
 	// leader dead-letters them after supervisor.unroutable_after.

@@ -37,6 +37,12 @@ type Job struct {
 	// ScheduleID and NominalTime are set on jobs fired by the scheduler.
 	ScheduleID  string
 	NominalTime time.Time
+	// ProcessAt delays the job until then (Jetfleet-Process-At). Msg stores
+	// a job due later in DELAYED; one due now or in the past runs now.
+	ProcessAt time.Time
+	// Fired is set on a job a message schedule published (Nats-Scheduler):
+	// a delayed job that is due, whatever the agent's clock says.
+	Fired bool
 	// ReplayedFrom is set on jobs republished from the dead-letter stream.
 	ReplayedFrom string
 	// Header holds every other header of the message, trace context included.
@@ -107,7 +113,31 @@ func (j Job) Msg() (*nats.Msg, error) {
 	if j.ReplayedFrom != "" {
 		h.Set(HeaderReplayedFrom, j.ReplayedFrom)
 	}
-	return &nats.Msg{Subject: j.Subject(), Header: h, Data: j.Payload}, nil
+	if j.ProcessAt.IsZero() {
+		return &nats.Msg{Subject: j.Subject(), Header: h, Data: j.Payload}, nil
+	}
+	h.Set(HeaderProcessAt, j.ProcessAt.UTC().Format(time.RFC3339Nano))
+	if !j.Delayed(time.Now()) {
+		return &nats.Msg{Subject: j.Subject(), Header: h, Data: j.Payload}, nil // due: it runs now
+	}
+	if j.ID == "" {
+		return nil, errors.New("a delayed job needs an id: its schedule's subject is named after it")
+	}
+	DelayMsgHeader(h, j.Queue, j.Kind, j.ProcessAt)
+	return &nats.Msg{Subject: DelayedSubject(j.Queue, j.Kind, j.ID), Header: h, Data: j.Payload}, nil
+}
+
+// Delayed reports whether the job is due after now: Msg stores it in
+// DELAYED.
+func (j Job) Delayed(now time.Time) bool { return !j.ProcessAt.IsZero() && j.ProcessAt.After(now) }
+
+// DelayMsgHeader adds to h the message schedule that fires a delayed job of
+// kind on queue at processAt (docs/protocol.md §2.2): once, on its due
+// subject, which JOBS takes it from.
+func DelayMsgHeader(h nats.Header, queue, kind string, processAt time.Time) {
+	h.Set(HeaderNatsSchedule, "@at "+processAt.UTC().Format(time.RFC3339Nano))
+	h.Set(HeaderNatsScheduleTarget, DueSubject(queue, kind))
+	h.Set(HeaderNatsScheduleTTL, DelayedDueTTL)
 }
 
 // HeaderError reports a job header whose value cannot be used.
@@ -183,6 +213,15 @@ func ParseJob(subject string, header nats.Header, payload []byte) (Job, error) {
 		}
 	}
 	j.ReplayedFrom = header.Get(HeaderReplayedFrom)
+	if v := header.Get(HeaderProcessAt); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			bad(HeaderProcessAt, v, "is not an RFC 3339 time such as 2026-11-25T18:00:00Z")
+		} else {
+			j.ProcessAt = t
+		}
+	}
+	j.Fired = header.Get(HeaderNatsScheduler) != ""
 	return j, errors.Join(errs...)
 }
 

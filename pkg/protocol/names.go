@@ -16,7 +16,19 @@ const (
 	StreamEvents = "EVENTS"
 	// StreamAdvisories captures the JetStream advisories the supervisor acts on.
 	StreamAdvisories = "ADVISORIES"
+	// StreamDelayed holds delayed jobs: a JetStream message schedule each,
+	// on DelayedSubject, which fires the job on DueSubject when it is due;
+	// JOBS sources the due jobs onto jobs.<queue>.<kind>.
+	StreamDelayed = "DELAYED"
 )
+
+// DelayedConsumer is a consumer of DELAYED that is never read: its count of
+// pending messages is the count of delayed jobs.
+const DelayedConsumer = "delayed"
+
+// DelayedDueTTL is how long a due job waits in DELAYED for JOBS to take it
+// (JOBS sources it at once unless JOBS refuses messages, full).
+const DelayedDueTTL = "24h"
 
 // Key-value buckets.
 const (
@@ -32,9 +44,14 @@ const (
 
 // Subject roots and wildcards.
 const (
-	JobsSubjects   = "jobs.>"
-	DLQSubjects    = "dlq.>"
-	EventsSubjects = "events.>"
+	JobsSubjects = "jobs.>"
+	// DelayedSubjects and DueSubjects are the subjects of DELAYED: the
+	// delayed jobs (delayed.<queue>.<kind>.<job token>), and the jobs their
+	// schedules fire (due.<queue>.<kind>).
+	DelayedSubjects = "delayed.>"
+	DueSubjects     = "due.>"
+	DLQSubjects     = "dlq.>"
+	EventsSubjects  = "events.>"
 	// JobEventsSubjects matches every job event.
 	JobEventsSubjects = "events.job.>"
 	// ScheduleEventsSubjects matches every schedule event.
@@ -70,6 +87,41 @@ func QueueConsumer(queue string) string { return "queue-" + queue }
 
 // JobSubject is the subject a job of kind is published on in queue.
 func JobSubject(queue, kind string) string { return "jobs." + queue + "." + kind }
+
+// DelayedSubject is the subject of the delayed job jobID of kind on queue,
+// its message schedule: one per job id (a second one replaces it).
+func DelayedSubject(queue, kind, jobID string) string {
+	return "delayed." + queue + "." + kind + "." + JobToken(jobID)
+}
+
+// DelayedOfID matches the delayed job jobID, whatever its queue and kind.
+func DelayedOfID(jobID string) string { return "delayed.*.*." + JobToken(jobID) }
+
+// DelayedFilter matches the delayed jobs of queue and kind; an empty one
+// matches any.
+func DelayedFilter(queue, kind string) string {
+	return "delayed." + cmpOr(queue, "*") + "." + cmpOr(kind, "*") + ".*"
+}
+
+func cmpOr(s, or string) string {
+	if s == "" {
+		return or
+	}
+	return s
+}
+
+// ParseDelayedSubject splits delayed.<queue>.<kind>.<job token>.
+func ParseDelayedSubject(subject string) (queue, kind, jobToken string, err error) {
+	parts := strings.Split(subject, ".")
+	if len(parts) != 4 || parts[0] != "delayed" {
+		return "", "", "", fmt.Errorf("subject %q is not of the form delayed.<queue>.<kind>.<job token>", subject)
+	}
+	return parts[1], parts[2], parts[3], nil
+}
+
+// DueSubject is where the schedule of a delayed job of kind on queue fires
+// it, in DELAYED; JOBS takes it from there onto JobSubject(queue, kind).
+func DueSubject(queue, kind string) string { return "due." + queue + "." + kind }
 
 // QueueSubjects is the filter of queue's consumer.
 func QueueSubjects(queue string) string { return "jobs." + queue + ".>" }

@@ -36,6 +36,28 @@ func Streams(c Config) []jetstream.StreamConfig {
 	storage := storageType(c.Storage)
 	return []jetstream.StreamConfig{
 		{
+			// Delayed jobs: a message schedule each, until it fires the job
+			// onto its due subject, from which JOBS takes it. No limit may
+			// drop a delayed job, nor a due one before JOBS took it: the due
+			// ones leave after protocol.DelayedDueTTL (a per-message TTL).
+			Name:              protocol.StreamDelayed,
+			Description:       "jetfleet delayed jobs: delayed.<queue>.<kind>.<job>, fired onto due.<queue>.<kind>",
+			Subjects:          []string{protocol.DelayedSubjects, protocol.DueSubjects},
+			Retention:         jetstream.LimitsPolicy,
+			Discard:           jetstream.DiscardOld,
+			MaxMsgs:           -1,
+			MaxBytes:          -1,
+			MaxAge:            0,
+			MaxMsgSize:        int32(c.MaxJobSize),
+			Storage:           storage,
+			Replicas:          c.Replicas,
+			Duplicates:        c.DuplicateWindow,
+			AllowDirect:       true,
+			AllowMsgSchedules: true,
+			AllowMsgTTL:       true,
+			AllowRollup:       true,
+		},
+		{
 			Name:        protocol.StreamJobs,
 			Description: "jetfleet jobs: jobs.<queue>.<kind>",
 			Subjects:    []string{protocol.JobsSubjects},
@@ -49,6 +71,14 @@ func Streams(c Config) []jetstream.StreamConfig {
 			Replicas:    c.Replicas,
 			Duplicates:  c.DuplicateWindow,
 			AllowDirect: true,
+			// Delayed jobs come from DELAYED when due: due.<queue>.<kind>
+			// becomes jobs.<queue>.<kind>.
+			Sources: []*jetstream.StreamSource{{
+				Name: protocol.StreamDelayed,
+				SubjectTransforms: []jetstream.SubjectTransformConfig{{
+					Source: "due.*.*", Destination: "jobs.{{wildcard(1)}}.{{wildcard(2)}}",
+				}},
+			}},
 		},
 		{
 			Name:        protocol.StreamDLQ,
@@ -130,6 +160,25 @@ func Ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
 		if err := ensureBucket(ctx, js, b, c.AllowDestructiveUpdates); err != nil {
 			return err
 		}
+	}
+	return ensureDelayedConsumer(ctx, js)
+}
+
+// DelayedConsumerConfig is the consumer of DELAYED nobody reads: its
+// pending count is the count of delayed jobs (cheap to ask, where counting
+// a million subjects is not).
+func DelayedConsumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Name: protocol.DelayedConsumer, Durable: protocol.DelayedConsumer,
+		Description:   "jetfleet: counts delayed jobs (never read)",
+		FilterSubject: protocol.DelayedSubjects,
+		DeliverPolicy: jetstream.DeliverAllPolicy, AckPolicy: jetstream.AckExplicitPolicy,
+	}
+}
+
+func ensureDelayedConsumer(ctx context.Context, js jetstream.JetStream) error {
+	if _, err := js.CreateConsumer(ctx, protocol.StreamDelayed, DelayedConsumerConfig()); err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
+		return fmt.Errorf("create consumer %s of %s: %w", protocol.DelayedConsumer, protocol.StreamDelayed, err)
 	}
 	return nil
 }
@@ -233,6 +282,14 @@ func reconcileStream(have, want jetstream.StreamConfig, allowDestructive bool) (
 	next.Duplicates = want.Duplicates
 	next.AllowDirect = want.AllowDirect
 	next.AllowBatchPublish = want.AllowBatchPublish
+	next.AllowMsgSchedules = want.AllowMsgSchedules || have.AllowMsgSchedules // cannot be turned off
+	next.AllowMsgTTL = want.AllowMsgTTL || have.AllowMsgTTL                   // cannot be turned off
+	if want.AllowRollup {
+		next.AllowRollup, next.DenyPurge = true, false
+	}
+	if want.Sources != nil {
+		next.Sources = want.Sources
+	}
 	if streamManagedEqual(have, next) {
 		return nil, nil
 	}
@@ -244,7 +301,19 @@ func streamManagedEqual(a, b jetstream.StreamConfig) bool {
 		sameLimit(a.MaxMsgs, b.MaxMsgs) && sameLimit(a.MaxBytes, b.MaxBytes) && a.MaxAge == b.MaxAge &&
 		sameLimit(a.MaxMsgsPerSubject, b.MaxMsgsPerSubject) && sameLimit(int64(a.MaxMsgSize), int64(b.MaxMsgSize)) &&
 		a.Replicas == b.Replicas && a.Duplicates == b.Duplicates && a.AllowDirect == b.AllowDirect &&
-		a.AllowBatchPublish == b.AllowBatchPublish
+		a.AllowBatchPublish == b.AllowBatchPublish && a.AllowMsgSchedules == b.AllowMsgSchedules &&
+		a.AllowMsgTTL == b.AllowMsgTTL && a.AllowRollup == b.AllowRollup && a.DenyPurge == b.DenyPurge &&
+		sameSources(a.Sources, b.Sources)
+}
+
+// sameSources compares the sources jetfleet sets: names and transforms.
+func sameSources(a, b []*jetstream.StreamSource) bool {
+	return slices.EqualFunc(a, b, func(x, y *jetstream.StreamSource) bool {
+		return x.Name == y.Name && x.FilterSubject == y.FilterSubject &&
+			slices.EqualFunc(x.SubjectTransforms, y.SubjectTransforms, func(p, q jetstream.SubjectTransformConfig) bool {
+				return p.Source == q.Source && p.Destination == q.Destination
+			})
+	})
 }
 
 func ensureBucket(ctx context.Context, js jetstream.JetStream, spec bucketSpec, allowDestructive bool) error {

@@ -111,7 +111,7 @@ func TestEnsureConcurrentlyEndsWithOneTopologyAndRerunIsNoop(t *testing.T) {
 		names[n] = true
 	}
 	assert.Equal(t, map[string]bool{"JOBS": true, "DLQ": true, "EVENTS": true, "ADVISORIES": true,
-		"KV_schedules": true, "KV_schedule_state": true, "KV_leases": true, "KV_agents": true, "KV_cancels": true}, names)
+		"KV_schedules": true, "KV_schedule_state": true, "KV_leases": true, "KV_agents": true, "KV_cancels": true, "DELAYED": true}, names)
 	cons, err := js.Consumer(ctx(t), protocol.StreamJobs, "queue-default")
 	require.NoError(t, err)
 	assert.Equal(t, 45*time.Second, cons.CachedInfo().Config.AckWait)
@@ -268,7 +268,8 @@ func TestVerifyWaitsForAnotherServiceToProvision(t *testing.T) {
 	short, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
 	defer cancel()
 	err := topology.Verify(short, js, topology.Config{})
-	require.ErrorContains(t, err, "missing stream JOBS")
+	require.ErrorContains(t, err, "missing stream DELAYED")
+	require.ErrorContains(t, err, "stream JOBS")
 	require.ErrorContains(t, err, "topology.verify_only")
 
 	verified := make(chan error, 1)

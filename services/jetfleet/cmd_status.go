@@ -36,6 +36,7 @@ func printStatus(out io.Writer, st *jetfleet.FleetStatus) error {
 	fmt.Fprintf(out, "agents: %d alive, %d draining, %d dead; running %d of %d slots\n", st.AgentsAlive, st.AgentsDrain,
 		st.AgentsDead, st.Running, st.Capacity)
 	fmt.Fprintf(out, "dead letters: %d\n", st.DLQDepth)
+	fmt.Fprintf(out, "delayed jobs: %d\n", st.Delayed)
 	if st.Unroutable > 0 {
 		fmt.Fprintf(out, "jobs no queue serves: %d (dead-lettered shortly as unroutable or invalid_subject; jetfleet queue ls lists them)\n", st.Unroutable)
 	}
