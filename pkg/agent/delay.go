@@ -39,7 +39,7 @@ func (a *Agent) moveToDelayed(ctx context.Context, ex *execution) {
 	}
 	h.Set(protocol.HeaderJobID, job.ID)
 	h.Set(protocol.HeaderMsgID, "delay:"+protocol.StreamJobs+":"+strconv.FormatUint(ex.seq, 10))
-	protocol.DelayMsgHeader(h, job.Queue, job.Kind, ex.parsed.ProcessAt)
+	protocol.DelayMsgHeader(h, job.Queue, job.Kind, ex.parsed.Priority, ex.parsed.ProcessAt)
 	msg := &nats.Msg{Subject: protocol.DelayedSubject(job.Queue, job.Kind, job.ID), Header: h, Data: job.Payload}
 	pubCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), asyncTimeout)
 	defer cancel()

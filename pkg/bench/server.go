@@ -240,7 +240,7 @@ func (rs *runServer) cleanGiven(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 		for _, p := range []struct{ stream, subject string }{
-			{protocol.StreamJobs, protocol.QueueSubjects(q)},
+			{protocol.StreamJobs, protocol.QueueAllSubjects(q)},
 			{protocol.StreamEvents, "events.job." + q + ".>"},
 			{protocol.StreamDLQ, "dlq." + q + ".>"},
 			{protocol.StreamDelayed, "delayed." + q + ".>"},

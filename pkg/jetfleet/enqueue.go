@@ -65,6 +65,19 @@ func WithBackoff(delays ...time.Duration) EnqueueOption {
 	return func(j *protocol.Job) { j.Backoff = append([]time.Duration(nil), delays...) }
 }
 
+// Priorities of a job within its queue (docs/protocol.md §2.3).
+const (
+	PriorityHigh    = protocol.PriorityHigh
+	PriorityDefault = protocol.PriorityDefault
+	PriorityLow     = protocol.PriorityLow
+)
+
+// WithPriority sets the job's priority within its queue: PriorityHigh,
+// PriorityDefault or PriorityLow. An agent with a free slot takes a
+// higher-priority job first; a lower one still gets a share of the slots,
+// so it never starves. Any other value is refused.
+func WithPriority(p string) EnqueueOption { return func(j *protocol.Job) { j.Priority = p } }
+
 // WithProcessAt delays the job until t: it waits in DELAYED, a JetStream
 // message schedule, and is enqueued when due (docs/protocol.md §2.2). A
 // time that has passed enqueues it now (EnqueueResult.ProcessAtPassed).

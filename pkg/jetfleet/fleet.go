@@ -150,15 +150,19 @@ type FleetStatus struct {
 
 // QueueStatus is one queue's consumer.
 type QueueStatus struct {
-	Queue       string        `json:"queue"`
-	Pending     uint64        `json:"pending"`
-	AckPending  int           `json:"ack_pending"`
-	Redelivered int           `json:"redelivered"`
-	Waiting     int           `json:"waiting"`
-	AckWait     time.Duration `json:"ack_wait"`
-	MaxDeliver  int           `json:"max_deliver"`
-	Paused      bool          `json:"paused,omitempty"`
-	PausedUntil time.Time     `json:"paused_until,omitzero"`
+	Queue string `json:"queue"`
+	// Pending counts the jobs waiting, every priority together;
+	// PendingByPriority splits them when a job of another priority than
+	// default waits (high, default, low).
+	Pending           uint64            `json:"pending"`
+	PendingByPriority map[string]uint64 `json:"pending_by_priority,omitempty"`
+	AckPending        int               `json:"ack_pending"`
+	Redelivered       int               `json:"redelivered"`
+	Waiting           int               `json:"waiting"`
+	AckWait           time.Duration     `json:"ack_wait"`
+	MaxDeliver        int               `json:"max_deliver"`
+	Paused            bool              `json:"paused,omitempty"`
+	PausedUntil       time.Time         `json:"paused_until,omitzero"`
 	// Breaker is open while the circuit breaker holds the queue paused.
 	Breaker string `json:"breaker"`
 	// Declared is set for a queue declared under topology.queues (the

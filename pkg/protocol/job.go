@@ -40,6 +40,9 @@ type Job struct {
 	// ProcessAt delays the job until then (Jetfleet-Process-At). Msg stores
 	// a job due later in DELAYED; one due now or in the past runs now.
 	ProcessAt time.Time
+	// Priority is high, default or low (empty: default): the subject's
+	// fourth token (docs/protocol.md §2.3).
+	Priority string
 	// Fired is set on a job a message schedule published (Nats-Scheduler):
 	// a delayed job that is due, whatever the agent's clock says.
 	Fired bool
@@ -50,7 +53,7 @@ type Job struct {
 }
 
 // Subject is where the job is published.
-func (j Job) Subject() string { return JobSubject(j.Queue, j.Kind) }
+func (j Job) Subject() string { return JobSubjectAt(j.Queue, j.Kind, j.Priority) }
 
 // Validate checks what a publisher controls.
 func (j Job) Validate() error {
@@ -65,6 +68,9 @@ func (j Job) Validate() error {
 		if err := ValidateJobID(j.ID); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if err := ValidatePriority(j.Priority); err != nil {
+		errs = append(errs, err)
 	}
 	if j.Timeout < 0 {
 		errs = append(errs, fmt.Errorf("timeout %s is negative", j.Timeout))
@@ -123,7 +129,7 @@ func (j Job) Msg() (*nats.Msg, error) {
 	if j.ID == "" {
 		return nil, errors.New("a delayed job needs an id: its schedule's subject is named after it")
 	}
-	DelayMsgHeader(h, j.Queue, j.Kind, j.ProcessAt)
+	DelayMsgHeader(h, j.Queue, j.Kind, j.Priority, j.ProcessAt)
 	return &nats.Msg{Subject: DelayedSubject(j.Queue, j.Kind, j.ID), Header: h, Data: j.Payload}, nil
 }
 
@@ -132,11 +138,11 @@ func (j Job) Msg() (*nats.Msg, error) {
 func (j Job) Delayed(now time.Time) bool { return !j.ProcessAt.IsZero() && j.ProcessAt.After(now) }
 
 // DelayMsgHeader adds to h the message schedule that fires a delayed job of
-// kind on queue at processAt (docs/protocol.md §2.2): once, on its due
+// kind on queue at priority at processAt (docs/protocol.md §2.2): once, on its due
 // subject, which JOBS takes it from.
-func DelayMsgHeader(h nats.Header, queue, kind string, processAt time.Time) {
+func DelayMsgHeader(h nats.Header, queue, kind, priority string, processAt time.Time) {
 	h.Set(HeaderNatsSchedule, "@at "+processAt.UTC().Format(time.RFC3339Nano))
-	h.Set(HeaderNatsScheduleTarget, DueSubject(queue, kind))
+	h.Set(HeaderNatsScheduleTarget, DueSubject(queue, kind, priority))
 	h.Set(HeaderNatsScheduleTTL, DelayedDueTTL)
 }
 
@@ -163,7 +169,7 @@ func ParseJob(subject string, header nats.Header, payload []byte) (Job, error) {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	j.Queue, j.Kind = queue, kind
+	j.Queue, j.Kind, j.Priority = queue, kind, JobPriority(subject)
 
 	bad := func(name, value, reason string) {
 		errs = append(errs, &HeaderError{Header: name, Value: value, Reason: reason})

@@ -119,15 +119,34 @@ func ParseDelayedSubject(subject string) (queue, kind, jobToken string, err erro
 	return parts[1], parts[2], parts[3], nil
 }
 
-// DueSubject is where the schedule of a delayed job of kind on queue fires
-// it, in DELAYED; JOBS takes it from there onto JobSubject(queue, kind).
-func DueSubject(queue, kind string) string { return "due." + queue + "." + kind }
+// DueSubject is where the schedule of a delayed job of kind on queue at
+// priority p fires it, in DELAYED; JOBS takes it from there onto
+// JobSubjectAt(queue, kind, p).
+func DueSubject(queue, kind, p string) string {
+	if t := priorityToken(p); t != "" {
+		return "due." + queue + "." + kind + "." + t
+	}
+	return "due." + queue + "." + kind
+}
 
-// QueueSubjects is the filter of queue's consumer.
-func QueueSubjects(queue string) string { return "jobs." + queue + ".>" }
+// QueueSubjects is the filter of queue's default-priority consumer:
+// jobs.<queue>.<kind>, three tokens (priorities have a fourth).
+func QueueSubjects(queue string) string { return "jobs." + queue + ".*" }
 
-// ParseJobSubject splits jobs.<queue>.<kind> into its queue and kind.
+// QueueAllSubjects matches every job of queue, at every priority.
+func QueueAllSubjects(queue string) string { return "jobs." + queue + ".>" }
+
+// ParseJobSubject splits jobs.<queue>.<kind> — or
+// jobs.<queue>.<kind>.<priority>, priority high or low (JobPriority) —
+// into its queue and kind.
 func ParseJobSubject(subject string) (queue, kind string, err error) {
+	if strings.Count(subject, ".") == 3 {
+		cut := strings.LastIndexByte(subject, '.')
+		if p := subject[cut+1:]; p != PriorityHigh && p != PriorityLow {
+			return "", "", fmt.Errorf("subject %q is not of the form jobs.<queue>.<kind>[.high|.low]", subject)
+		}
+		subject = subject[:cut]
+	}
 	return parseTwoTokenSubject("jobs", subject)
 }
 

@@ -72,12 +72,14 @@ func Streams(c Config) []jetstream.StreamConfig {
 			Duplicates:  c.DuplicateWindow,
 			AllowDirect: true,
 			// Delayed jobs come from DELAYED when due: due.<queue>.<kind>
-			// becomes jobs.<queue>.<kind>.
+			// becomes jobs.<queue>.<kind> (and due.<queue>.<kind>.<priority>
+			// jobs.<queue>.<kind>.<priority>).
 			Sources: []*jetstream.StreamSource{{
 				Name: protocol.StreamDelayed,
-				SubjectTransforms: []jetstream.SubjectTransformConfig{{
-					Source: "due.*.*", Destination: "jobs.{{wildcard(1)}}.{{wildcard(2)}}",
-				}},
+				SubjectTransforms: []jetstream.SubjectTransformConfig{
+					{Source: "due.*.*", Destination: "jobs.{{wildcard(1)}}.{{wildcard(2)}}"},
+					{Source: "due.*.*.*", Destination: "jobs.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}"},
+				},
 			}},
 		},
 		{
@@ -358,15 +360,25 @@ func ensureBucket(ctx context.Context, js jetstream.JetStream, spec bucketSpec, 
 	return nil
 }
 
-// QueueConsumerConfig is the desired consumer of queue.
+// QueueConsumerConfig is the desired default-priority consumer of queue.
 func QueueConsumerConfig(queue string, q QueueConfig) jetstream.ConsumerConfig {
+	return PriorityConsumerConfig(queue, protocol.PriorityDefault, q)
+}
+
+// PriorityConsumerConfig is the desired consumer of queue's jobs at
+// priority p: every priority of a queue has the queue's settings.
+func PriorityConsumerConfig(queue, p string, q QueueConfig) jetstream.ConsumerConfig {
 	q = q.WithDefaults()
-	name := protocol.QueueConsumer(queue)
+	name := protocol.PriorityConsumer(queue, p)
+	description := "jetfleet queue " + queue
+	if p != protocol.PriorityDefault {
+		description += ", priority " + p
+	}
 	return jetstream.ConsumerConfig{
 		Name:          name,
 		Durable:       name,
-		Description:   "jetfleet queue " + queue,
-		FilterSubject: protocol.QueueSubjects(queue),
+		Description:   description,
+		FilterSubject: protocol.PrioritySubjects(queue, p),
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       q.AckWait,
@@ -376,16 +388,37 @@ func QueueConsumerConfig(queue string, q QueueConfig) jetstream.ConsumerConfig {
 	}
 }
 
-// EnsureQueue creates the durable consumer of queue if it is missing. A
-// queue declared under topology.queues is also brought to its declared
-// settings; any other queue keeps the settings it was created with (by
-// `jetfleet queue add`, or the defaults). A pause (set by the supervisor's
-// circuit breaker) stays in place.
+// EnsureQueue creates the durable consumers of queue — one per priority —
+// that are missing, and returns the default one. A queue declared under
+// topology.queues is also brought to its declared settings; any other
+// queue keeps the settings it was created with (by `jetfleet queue add`,
+// or the defaults). A pause (set by the supervisor's circuit breaker)
+// stays in place. A default consumer from before priorities (filter
+// jobs.<queue>.>) is narrowed to jobs.<queue>.*.
 func EnsureQueue(ctx context.Context, js jetstream.JetStream, c Config, queue string) (jetstream.Consumer, error) {
 	if err := protocol.ValidateToken("queue", queue); err != nil {
 		return nil, err
 	}
-	want := QueueConsumerConfig(queue, c.Queue(queue))
+	def, err := ensureQueueConsumer(ctx, js, PriorityConsumerConfig(queue, protocol.PriorityDefault, c.Queue(queue)), c.Declared(queue))
+	if err != nil {
+		return nil, err
+	}
+	// The other priorities take the default consumer's settings: those of
+	// a queue not declared are whatever `jetfleet queue add` gave it.
+	have := def.CachedInfo().Config
+	settings := QueueConfig{AckWait: have.AckWait, MaxDeliver: have.MaxDeliver, MaxAckPending: have.MaxAckPending}
+	for _, p := range protocol.Priorities {
+		if p == protocol.PriorityDefault {
+			continue
+		}
+		if _, err := ensureQueueConsumer(ctx, js, PriorityConsumerConfig(queue, p, settings), c.Declared(queue)); err != nil {
+			return nil, err
+		}
+	}
+	return def, nil
+}
+
+func ensureQueueConsumer(ctx context.Context, js jetstream.JetStream, want jetstream.ConsumerConfig, declared bool) (jetstream.Consumer, error) {
 	cons, err := js.CreateConsumer(ctx, protocol.StreamJobs, want)
 	if err == nil {
 		return cons, nil
@@ -398,16 +431,21 @@ func EnsureQueue(ctx context.Context, js jetstream.JetStream, c Config, queue st
 		return nil, fmt.Errorf("look up consumer %s: %w", want.Name, err)
 	}
 	have := cons.CachedInfo().Config
-	if have.FilterSubject != want.FilterSubject || have.AckPolicy != want.AckPolicy {
+	narrow := have.FilterSubject == strings.TrimSuffix(want.FilterSubject, "*")+">" && strings.HasSuffix(want.FilterSubject, ".*")
+	if (have.FilterSubject != want.FilterSubject && !narrow) || have.AckPolicy != want.AckPolicy {
 		return nil, &IncompatibleError{Kind: "consumer", Name: want.Name,
 			Reason: fmt.Sprintf("filter %q with ack policy %s; jetfleet needs %q with %s", have.FilterSubject, have.AckPolicy, want.FilterSubject, want.AckPolicy)}
 	}
-	if !c.Declared(queue) {
+	if !declared && !narrow {
 		return cons, nil
 	}
-	if have.AckWait == want.AckWait && have.MaxDeliver == want.MaxDeliver && have.MaxAckPending == want.MaxAckPending &&
+	if !narrow && have.AckWait == want.AckWait && have.MaxDeliver == want.MaxDeliver && have.MaxAckPending == want.MaxAckPending &&
 		have.Description == want.Description {
 		return cons, nil
+	}
+	if !declared { // only narrowed: the queue keeps its settings
+		have.FilterSubject = want.FilterSubject
+		want = have
 	}
 	want.PauseUntil = have.PauseUntil
 	cons, err = js.UpdateConsumer(ctx, protocol.StreamJobs, want)

@@ -72,7 +72,7 @@ func TestEnsureCreatesEverything(t *testing.T) {
 	cons, err := js.Consumer(ctx(t), protocol.StreamJobs, "queue-default")
 	require.NoError(t, err)
 	cc := cons.CachedInfo().Config
-	assert.Equal(t, "jobs.default.>", cc.FilterSubject)
+	assert.Equal(t, "jobs.default.*", cc.FilterSubject)
 	assert.Equal(t, jetstream.AckExplicitPolicy, cc.AckPolicy)
 	assert.Equal(t, topology.DefaultAckWait, cc.AckWait)
 	assert.Equal(t, topology.DefaultMaxDeliver, cc.MaxDeliver)
@@ -306,5 +306,30 @@ func TestSubjectMatches(t *testing.T) {
 		{"jobs.q.echo", "jobs.q.echo.x", false},
 	} {
 		assert.Equal(t, tc.want, topology.SubjectMatches(tc.filter, tc.subject), "%s ~ %s", tc.filter, tc.subject)
+	}
+}
+
+// TestEnsureQueueMakesAConsumerPerPriority: a queue has a consumer per
+// priority, each with the queue's settings; a default consumer made before
+// priorities (filter jobs.<queue>.>) is narrowed to jobs.<queue>.*, keeping
+// its settings, so the priorities' consumers may exist beside it.
+func TestEnsureQueueMakesAConsumerPerPriority(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Server(t)
+	_, js := natstest.JetStream(t, srv)
+	require.NoError(t, topology.Ensure(ctx(t), js, topology.Config{}))
+	old := topology.QueueConsumerConfig("legacy", topology.QueueConfig{AckWait: 2 * time.Minute})
+	old.FilterSubject = "jobs.legacy.>"
+	_, err := js.CreateConsumer(ctx(t), protocol.StreamJobs, old)
+	require.NoError(t, err)
+
+	_, err = topology.EnsureQueue(ctx(t), js, topology.Config{}, "legacy")
+	require.NoError(t, err)
+	want := map[string]string{"queue-legacy": "jobs.legacy.*", "queue-legacy=high": "jobs.legacy.*.high", "queue-legacy=low": "jobs.legacy.*.low"}
+	for name, filter := range want {
+		cons, err := js.Consumer(ctx(t), protocol.StreamJobs, name)
+		require.NoError(t, err, name)
+		assert.Equal(t, filter, cons.CachedInfo().Config.FilterSubject, name)
+		assert.Equal(t, 2*time.Minute, cons.CachedInfo().Config.AckWait, "%s keeps the queue's settings", name)
 	}
 }

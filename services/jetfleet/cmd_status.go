@@ -52,7 +52,7 @@ func printStatus(out io.Writer, st *jetfleet.FleetStatus) error {
 					paused = "until " + q.PausedUntil.UTC().Format(time.RFC3339)
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%d\t%s\t%s\n", q.Queue, q.Pending, q.AckPending, q.Redelivered, q.Waiting,
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%d\t%s\t%s\n", q.Queue, pendingText(q), q.AckPending, q.Redelivered, q.Waiting,
 				q.AckWait, q.MaxDeliver, q.Breaker, paused)
 		}
 		if err := tw.Flush(); err != nil {

@@ -75,6 +75,7 @@ func setupSubmit(fs *flag.FlagSet) action {
 	backoff := fs.String("backoff", "", "retry delays, comma-separated (1s,10s,1m)")
 	headers := &headerFlag{h: nats.Header{}}
 	fs.Var(headers, "header", "extra header `name=value` (repeatable)")
+	fs.StringVar(&job.Priority, "priority", "", "the job's `priority` in its queue: high, default or low")
 	at := fs.String("at", "", "run the job at this `time` (RFC 3339, e.g. 2026-11-25T18:00:00Z): a delayed job")
 	in := fs.Duration("in", 0, "run the job after this `duration` (e.g. 90s): a delayed job")
 	return func(ctx context.Context, inv *invocation) error {
@@ -82,6 +83,9 @@ func setupSubmit(fs *flag.FlagSet) action {
 			return err
 		}
 		job.Queue, job.Kind, job.Header = inv.args[0], inv.args[1], headers.h
+		if err := protocol.ValidatePriority(job.Priority); err != nil {
+			return flagValueErrorf("-priority: %v", err)
+		}
 		switch {
 		case *at != "" && *in != 0:
 			return flagValueErrorf("give -at or -in, not both")
@@ -158,7 +162,7 @@ func submit(ctx context.Context, inv *invocation, job protocol.Job) (err error) 
 		return err
 	}
 	took := time.Since(start)
-	out := submitted{EnqueueResult: *res, Subject: protocol.JobSubject(res.Queue, res.Kind), Stream: protocol.StreamJobs,
+	out := submitted{EnqueueResult: *res, Subject: protocol.JobSubjectAt(res.Queue, res.Kind, job.Priority), Stream: protocol.StreamJobs,
 		TraceID: span.SpanContext().TraceID().String()}
 	if !res.ProcessAt.IsZero() {
 		out.Subject, out.Stream = protocol.DelayedSubject(res.Queue, res.Kind, res.JobID), protocol.StreamDelayed
@@ -200,6 +204,9 @@ func enqueueOptions(job protocol.Job) []jetfleet.EnqueueOption {
 	}
 	if !job.ProcessAt.IsZero() {
 		opts = append(opts, jetfleet.WithProcessAt(job.ProcessAt))
+	}
+	if job.Priority != "" {
+		opts = append(opts, jetfleet.WithPriority(job.Priority))
 	}
 	for k, vs := range job.Header {
 		for _, v := range vs {
