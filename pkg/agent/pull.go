@@ -52,8 +52,8 @@ type puller struct {
 	q        *queueState
 	priority string // of the jobs of q this puller asks for
 	subject  string // the consumer's next-message API subject
-	inbox   string // a request replies to <inbox>.<request id>
-	expiry  time.Duration
+	inbox    string // a request replies to <inbox>.<request id>
+	expiry   time.Duration
 	// lowWater is the most jobs outstanding at which freed slots are asked
 	// for beside the open requests, minBatch the fewest asked for so: a
 	// request per job or two would cost the server more than the job.
