@@ -31,6 +31,7 @@ var scenarioFuncs = map[string]scenarioFunc{
 	ScenarioFailover:   (*bencher).failover,
 	ScenarioDurability: (*bencher).durability,
 	ScenarioDelayed:    (*bencher).delayed,
+	ScenarioPriority:   (*bencher).priority,
 }
 
 // Run runs the configured scenarios, each Runs times, and returns the

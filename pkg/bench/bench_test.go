@@ -40,6 +40,8 @@ var figures = map[string][]string{
 	bench.ScenarioDelayed: {"delayed_store_rate", "server_rss_per_delayed_job", "server_peak_rss", "fleet_heap_none_delayed", "fleet_heap_d_delayed",
 		"peak_rss", "due_to_start_p50", "due_to_start_p99", "due_to_start_max", "plain_burst_enqueue_to_start_p50",
 		"plain_burst_enqueue_to_start_p99"},
+	bench.ScenarioPriority: {"high_enqueue_to_start_p50_backlog", "high_enqueue_to_start_p99_backlog", "high_enqueue_to_start_p50_idle",
+		"high_enqueue_to_start_p99_idle", "low_drain_rate"},
 }
 
 // TestSmoke runs every scenario once at the smoke's sizes, as CI does, and

@@ -23,11 +23,12 @@ const (
 	ScenarioFailover   = "failover"
 	ScenarioDurability = "durability"
 	ScenarioDelayed    = "delayed"
+	ScenarioPriority   = "priority"
 )
 
 // Scenarios lists every scenario in the order "all" runs them.
 var Scenarios = []string{ScenarioThroughput, ScenarioLatency, ScenarioSchedules, ScenarioRescue, ScenarioFailover, ScenarioDurability,
-	ScenarioDelayed}
+	ScenarioDelayed, ScenarioPriority}
 
 // Config sizes the scenarios. Zero values mean the documented default.
 type Config struct {
@@ -83,6 +84,9 @@ type Config struct {
 
 	// DelayedJobs is D, the delayed jobs stored (due in an hour). Defaults to 1,000,000.
 	DelayedJobs int `json:"delayed_jobs"`
+	// PriorityBacklog is L, the low-priority jobs that drain while
+	// high-priority ones are offered at Rate. Defaults to 100,000.
+	PriorityBacklog int `json:"priority_backlog"`
 	// DelayedBurst is B, the delayed jobs due within one second, and the
 	// plain jobs of the baseline. Defaults to 10,000.
 	DelayedBurst int `json:"delayed_burst"`
@@ -95,21 +99,22 @@ type Config struct {
 
 // Defaults of Config.
 const (
-	DefaultRuns          = 3
-	DefaultJobs          = 50_000
-	DefaultAgents        = 1
-	DefaultConcurrency   = 50
-	DefaultPayloadSize   = workload.DefaultPayloadSize
-	DefaultRate          = 400
-	DefaultDuration      = 10 * time.Second
-	DefaultSchedules     = 10_000
-	DefaultScheduleLead  = 3 * time.Second
-	DefaultIdleSchedules = 100_000
-	DefaultRescueJobs    = 50
-	DefaultReplicas      = 2
-	DefaultLeaseTTL      = topology.DefaultLeaseTTL
-	DefaultDelayedJobs   = 1_000_000
-	DefaultDelayedBurst  = 10_000
+	DefaultRuns            = 3
+	DefaultJobs            = 50_000
+	DefaultAgents          = 1
+	DefaultConcurrency     = 50
+	DefaultPayloadSize     = workload.DefaultPayloadSize
+	DefaultRate            = 400
+	DefaultDuration        = 10 * time.Second
+	DefaultSchedules       = 10_000
+	DefaultScheduleLead    = 3 * time.Second
+	DefaultIdleSchedules   = 100_000
+	DefaultRescueJobs      = 50
+	DefaultReplicas        = 2
+	DefaultLeaseTTL        = topology.DefaultLeaseTTL
+	DefaultDelayedJobs     = 1_000_000
+	DefaultDelayedBurst    = 10_000
+	DefaultPriorityBacklog = 100_000
 )
 
 // Smoke returns a configuration that runs every scenario once at a tiny
@@ -117,7 +122,7 @@ const (
 func Smoke() Config {
 	return Config{
 		Runs: 1, Jobs: 300, Rate: 200, Duration: time.Second, Schedules: 200, ScheduleLead: 2 * time.Second,
-		IdleSchedules: 10_000, RescueJobs: 5, LeaseTTL: time.Second, DelayedJobs: 2_000, DelayedBurst: 200,
+		IdleSchedules: 10_000, RescueJobs: 5, LeaseTTL: time.Second, DelayedJobs: 2_000, DelayedBurst: 200, PriorityBacklog: 2_000,
 	}
 }
 
@@ -142,6 +147,7 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.DurabilityJobs, c.Jobs)
 	setDefault(&c.DelayedJobs, DefaultDelayedJobs)
 	setDefault(&c.DelayedBurst, DefaultDelayedBurst)
+	setDefault(&c.PriorityBacklog, DefaultPriorityBacklog)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -176,6 +182,7 @@ func (c Config) Validate() error {
 		{"durability-jobs", c.DurabilityJobs, 1},
 		{"delayed-jobs", c.DelayedJobs, 1},
 		{"delayed-burst", c.DelayedBurst, 10},
+		{"priority-backlog", c.PriorityBacklog, 1},
 	} {
 		if v.val != 0 && v.val < v.min {
 			bad(v.key, "must be at least %d, got %d", v.min, v.val)

@@ -95,21 +95,25 @@ func (b *bencher) latency(ctx context.Context, run int) error {
 // between (a publish late on its slot goes at once), and returns the rate
 // achieved.
 func paced(ctx context.Context, nc *nats.Conn, queue string, n, perSecond int, payload []byte, stamp string) (float64, error) {
+	return pacedOn(ctx, nc, protocol.JobSubject(queue, kindNoop), queue, n, perSecond, payload, stamp)
+}
+
+// pacedOn is paced on subject, the job ids <idPrefix>-<i>.
+func pacedOn(ctx context.Context, nc *nats.Conn, subject, idPrefix string, n, perSecond int, payload []byte, stamp string) (float64, error) {
 	var failed atomic.Int64
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncErrHandler(func(jetstream.JetStream, *nats.Msg, error) { failed.Add(1) }))
 	if err != nil {
 		return 0, err
 	}
 	period := time.Second / time.Duration(perSecond)
-	subject := protocol.JobSubject(queue, kindNoop)
 	start := time.Now()
 	for i := range n {
 		if wait := time.Until(start.Add(time.Duration(i) * period)); wait > 0 {
 			time.Sleep(wait)
 		}
 		m := &nats.Msg{Subject: subject, Data: payload, Header: nats.Header{
-			protocol.HeaderJobID: {fmt.Sprintf("%s-%d", queue, i)},
-			protocol.HeaderMsgID: {fmt.Sprintf("%s-%d", queue, i)},
+			protocol.HeaderJobID: {fmt.Sprintf("%s-%d", idPrefix, i)},
+			protocol.HeaderMsgID: {fmt.Sprintf("%s-%d", idPrefix, i)},
 		}}
 		m.Header.Set(stamp, strconv.FormatInt(time.Now().UnixNano(), 10))
 		if _, err := js.PublishMsgAsync(m, jetstream.WithStallWait(time.Minute)); err != nil {
