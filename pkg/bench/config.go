@@ -122,7 +122,7 @@ const (
 func Smoke() Config {
 	return Config{
 		Runs: 1, Jobs: 300, Rate: 200, Duration: time.Second, Schedules: 200, ScheduleLead: 2 * time.Second,
-		IdleSchedules: 10_000, RescueJobs: 5, LeaseTTL: time.Second, DelayedJobs: 2_000, DelayedBurst: 200, PriorityBacklog: 2_000,
+		IdleSchedules: 10_000, RescueJobs: 5, LeaseTTL: time.Second, DelayedJobs: 2_000, DelayedBurst: 200, PriorityBacklog: 10_000,
 	}
 }
 

@@ -108,6 +108,17 @@ func (b *bencher) highStream(ctx context.Context, rs *runServer, nc *nats.Conn, 
 		high.add(time.Unix(0, published), at)
 		return nil
 	}
+	// One high job before the agents start: a priority that had no job yet
+	// is dormant until an agent looks (at its start, then every 2 s); the
+	// figures are of an awake one.
+	warm, _ := protocol.Job{ID: "warm-" + queue, Queue: queue, Kind: kindNoop, Priority: protocol.PriorityHigh}.Msg()
+	js, err := newJetStream(nc)
+	if err != nil {
+		return nil, 0, err
+	}
+	if _, err := js.PublishMsg(ctx, warm); err != nil {
+		return nil, 0, err
+	}
 	fleet, err := newAgents(rs, "agent", queue, kindNoop, b.cfg.Agents, b.cfg.Concurrency, handler)
 	if err != nil {
 		return nil, 0, err
@@ -115,12 +126,6 @@ func (b *bencher) highStream(ctx context.Context, rs *runServer, nc *nats.Conn, 
 	defer func() { _ = fleet.stop(ctx) }()
 	start := time.Now()
 	if err := fleet.start(ctx); err != nil {
-		return nil, 0, err
-	}
-	// One high job first: a priority that had no job yet is dormant until
-	// the agent looks (every 2 s); the figures are of an awake one.
-	warm, _ := protocol.Job{ID: "warm-" + queue, Queue: queue, Kind: kindNoop, Priority: protocol.PriorityHigh}.Msg()
-	if err := nc.PublishMsg(warm); err != nil {
 		return nil, 0, err
 	}
 	select {
