@@ -75,7 +75,8 @@ func TestProgressIsVisibleWhileTheJobRuns(t *testing.T) {
 	assert.Equal(t, protocol.EventProgress, ev.GetType())
 
 	close(finish)
-	done, err := f.client.Wait(ctx, id)
+	fleettest.WaitLatestEvent(t, f.js, id, protocol.EventSucceeded, 10*time.Second)
+	done, err := f.client.Job(ctx, id)
 	require.NoError(t, err)
 	assert.Equal(t, protocol.EventSucceeded, done.State)
 	assert.Nil(t, done.Progress)
