@@ -71,8 +71,10 @@ type Agent struct {
 	// two entries.
 	inflight map[string]*execution
 
-	slotMu     sync.Mutex
-	nextPuller int // round-robin position for offering freed slots
+	slotMu    sync.Mutex
+	nextQueue int // round-robin position among the busy queues for freed slots
+	// probeFrom moves the start of the round that hands out probes.
+	probeFrom atomic.Uint32
 	// spare counts free slots no queue has work for: while every queue is
 	// idle, each holds one slot in a request (its probe) and the rest wait
 	// here for the first queue that gets a job.
@@ -97,7 +99,12 @@ type kind struct {
 
 type queueState struct {
 	name    string
-	ackWait time.Duration // of the queue's consumer
+	ackWait time.Duration // of the queue's consumers
+	// pullers are the queue's, one per priority, highest first; share is
+	// the smooth weighted round-robin state that splits freed slots
+	// between the busy ones (guarded by Agent.slotMu).
+	pullers []*puller
+	share   map[*puller]int
 }
 
 // Option configures an Agent beyond its Config.
@@ -289,11 +296,17 @@ func (a *Agent) Start(ctx context.Context) error {
 	}
 	a.runner.Go(a.heartbeatLoop)
 	for _, q := range a.queues {
-		p, err := newPuller(a, q)
-		if err != nil {
-			return fmt.Errorf("agent: queue %s: %w", q.name, err)
+		for _, priority := range protocol.Priorities {
+			p, err := newPuller(a, q, priority)
+			if err != nil {
+				return fmt.Errorf("agent: queue %s: %w", q.name, err)
+			}
+			// High and low start dormant: a queue that uses no priorities
+			// keeps every slot for its default jobs (wakeDormant).
+			p.dormant.Store(priority != protocol.PriorityDefault)
+			a.pullers = append(a.pullers, p)
+			q.pullers = append(q.pullers, p)
 		}
-		a.pullers = append(a.pullers, p)
 	}
 	a.runner.Go(a.progressLoop)
 	a.runner.Go(a.checkLostLoop)
@@ -302,9 +315,12 @@ func (a *Agent) Start(ctx context.Context) error {
 		a.runner.Go(a.worker)
 	}
 	a.releaseSlots(a.cfg.Concurrency) // every slot is free: ask for jobs
+	a.wakeDormant(ctx)                // a priority with jobs waiting already
 	// Once Start returns, the server knows the agent's subscriptions: it
 	// answers control commands.
-	if err := a.nc.FlushWithContext(ctx); err != nil {
+	flushCtx, cancelFlush := context.WithTimeout(ctx, asyncTimeout) // FlushWithContext needs a deadline
+	defer cancelFlush()
+	if err := a.nc.FlushWithContext(flushCtx); err != nil {
 		return fmt.Errorf("agent: flush: %w", err)
 	}
 	a.logger.Info("agent started", "queues", a.cfg.Queues, "kinds", a.Kinds(), "concurrency", a.cfg.Concurrency)
@@ -496,50 +512,42 @@ func (a *Agent) worker(ctx context.Context) {
 	}
 }
 
-// releaseSlots offers n freed slots to the queues' pullers. A queue with
-// no slot at all takes one first, its probe: every queue always has a
-// request open, so a job on an idle queue is seen. The rest go to the
-// queues that have work (busy: their latest request did not expire short
-// of jobs), shared evenly and in one offer each, so a puller asks for them
-// in one request; the first share to have an extra slot rotates. With no
-// busy queue they wait as spare slots, which the first queue to get a job
-// claims (claimSpare). So an idle queue never holds more than its probe
-// while another has jobs waiting. Slots no puller takes (the agent is
-// stopping) stay unused.
+// releaseSlots offers n freed slots to the queues' pullers (one per queue
+// and priority). A puller with no slot at all takes one first, its probe:
+// every priority of every queue always has a request open, so a job on an
+// idle one is seen — and, its slot kept free, starts at once. The rest go
+// to the pullers that have work (busy: their latest request did not expire
+// short of jobs): shared evenly between the queues, and within a queue by
+// priority weight (high 16, default 4, low 1, smooth weighted round robin),
+// so a higher priority takes most freed slots and a lower one still gets
+// its share and never starves; each puller gets its share in one offer,
+// so it asks for them in one request. With no busy puller they wait as
+// spare slots, which the first puller to get a job claims (claimSpare).
+// Slots no puller takes (the agent is stopping) stay unused.
 func (a *Agent) releaseSlots(n int) {
 	if n <= 0 || len(a.pullers) == 0 {
 		return
 	}
-	for _, p := range a.pullers {
-		if n > 0 && p.takeProbe() {
+	// Probes go round, from a moving start, so that scarce slots (fewer
+	// than pullers) reach every puller in turn.
+	first := int(a.probeFrom.Add(1))
+	for i := range a.pullers {
+		if n > 0 && a.pullers[(first+i)%len(a.pullers)].takeProbe() {
 			n--
 		}
 	}
 	if n == 0 {
 		return
 	}
-	busy := make([]*puller, 0, len(a.pullers))
-	for _, p := range a.pullers {
-		if p.busy.Load() {
-			busy = append(busy, p)
-		}
-	}
-	if len(busy) == 0 {
+	shares := a.shareSlots(n)
+	if shares == nil {
 		a.spare.Add(int64(n))
 		return
 	}
-	a.slotMu.Lock()
-	first := a.nextPuller % len(busy)
-	a.nextPuller = (a.nextPuller + n) % len(a.pullers)
-	a.slotMu.Unlock()
-	left := n
-	for i := range busy {
-		share := n / len(busy)
-		if i < n%len(busy) {
-			share++
-		}
-		if share > 0 && busy[(first+i)%len(busy)].offer(share) {
-			left -= share
+	left := 0
+	for p, k := range shares {
+		if !p.offer(k) {
+			left += k
 		}
 	}
 	if left > 0 { // a puller is stopping: another may take its share
@@ -549,6 +557,62 @@ func (a *Agent) releaseSlots(n int) {
 			}
 		}
 	}
+}
+
+// priorityWeight is a priority's share of freed slots while busy.
+var priorityWeight = map[string]int{protocol.PriorityHigh: 16, protocol.PriorityDefault: 4, protocol.PriorityLow: 1}
+
+// shareSlots splits n slots between the busy pullers; nil when none is busy.
+func (a *Agent) shareSlots(n int) map[*puller]int {
+	a.slotMu.Lock()
+	defer a.slotMu.Unlock()
+	var busy []*queueState
+	for _, q := range a.queues {
+		for _, p := range q.pullers {
+			if p.busy.Load() {
+				busy = append(busy, q)
+				break
+			}
+		}
+	}
+	if len(busy) == 0 {
+		return nil
+	}
+	shares := map[*puller]int{}
+	for range n {
+		q := busy[a.nextQueue%len(busy)]
+		a.nextQueue++
+		if p := q.pick(); p != nil {
+			shares[p]++
+		}
+	}
+	return shares
+}
+
+// pick chooses the busy puller of q the next slot goes to, by smooth
+// weighted round robin: every busy puller gains its weight, the one with
+// the most takes the slot and pays the total. Called with slotMu held.
+func (q *queueState) pick() *puller {
+	if q.share == nil {
+		q.share = map[*puller]int{}
+	}
+	var best *puller
+	total := 0
+	for _, p := range q.pullers {
+		if !p.busy.Load() {
+			continue
+		}
+		w := priorityWeight[p.priority]
+		q.share[p] += w
+		total += w
+		if best == nil || q.share[p] > q.share[best] {
+			best = p
+		}
+	}
+	if best != nil {
+		q.share[best] -= total
+	}
+	return best
 }
 
 // claimSpare hands the spare slots to the busy queues: called when a

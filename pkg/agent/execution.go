@@ -226,6 +226,16 @@ func (a *Agent) run(ctx context.Context, job *Job) error {
 		}
 		return cause
 	}
+	if delayed(ex, time.Now()) {
+		if ex.claim() {
+			a.moveToDelayed(ctx, ex)
+		}
+		return nil
+	}
+	if !ex.parsed.ProcessAt.IsZero() && !ex.parsed.Fired && job.Delivered == 1 {
+		a.logger.Info("job's process_at has passed: it runs now", telemetry.LogJobID, job.ID,
+			"process_at", ex.parsed.ProcessAt.UTC().Format(time.RFC3339Nano))
+	}
 	if cause := context.Cause(ctx); errors.Is(cause, errReleased) {
 		// Handed back before it started (after reading its snoozes: the
 		// released event counts one more).

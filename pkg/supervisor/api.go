@@ -214,7 +214,10 @@ func (s *Supervisor) apiJob(ctx context.Context, data []byte) (any, error) {
 		// Reported before a heartbeat listed it, or its agent went silent.
 		res.Progress = jetfleet.ProgressOfEvent(ev)
 	}
-	if ev == nil && len(res.Running) == 0 {
+	if res.Delayed, err = protocol.LookupDelayed(ctx, s.delayed, req.Queue, req.Kind, req.JobID); err != nil {
+		return nil, internal(err)
+	}
+	if ev == nil && len(res.Running) == 0 && res.Delayed == nil {
 		return nil, &protocol.Error{Code: protocol.CodeNotFound, Field: "job_id", Message: fmt.Sprintf("no event of job %q", req.JobID)}
 	}
 	return res, nil
@@ -301,6 +304,9 @@ func (s *Supervisor) apiStatus(ctx context.Context, data []byte) (any, error) {
 	}
 	if info, err := s.dlq.Info(ctx); err == nil {
 		res.DLQDepth = info.State.Msgs
+	}
+	if cons, err := s.delayed.Consumer(ctx, protocol.DelayedConsumer); err == nil {
+		res.Delayed = cons.CachedInfo().NumPending
 	}
 	for _, j := range s.tracker.running(now) {
 		if j.State != "running" {

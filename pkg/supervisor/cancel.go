@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -78,6 +80,20 @@ func (s *Supervisor) cancelJob(ctx context.Context, req jetfleet.CancelRequest) 
 	if r, ok := s.cancelRunning(ctx, req, holders); ok {
 		return r, nil
 	}
+	d, err := protocol.LookupDelayed(rctx, s.delayed, req.Queue, req.Kind, req.JobID)
+	if err != nil {
+		return nil, internal(fmt.Errorf("look for job %s in %s: %w", req.JobID, protocol.StreamDelayed, err))
+	}
+	if d != nil {
+		// Recorded first: should its schedule fire meanwhile, the agent
+		// that receives the job ends it.
+		if err := s.recordCancel(rctx, req, req.JobID); err != nil {
+			return nil, err
+		}
+		if r, err := s.removeDelayed(ctx, req, d); err != nil || r != nil {
+			return r, err
+		}
+	}
 	if latest != nil && protocol.RunOver(latest.GetType()) {
 		return nil, protocol.Errorf(protocol.CodeConflict, "job %s already ended: %s at %s", req.JobID, latest.GetType(),
 			latest.GetTime().AsTime().Format(time.RFC3339))
@@ -91,7 +107,7 @@ func (s *Supervisor) cancelJob(ctx context.Context, req jetfleet.CancelRequest) 
 	}
 	if t.seq == 0 {
 		// Never delivered: look for it in its queue.
-		_, err := s.scanJobs(ctx, req.Subject(), cancelScanLimit, func(seq uint64, subject string, h nats.Header) bool {
+		_, err := s.scanStream(ctx, s.jobs, req.Subject(), cancelScanLimit, func(seq uint64, subject string, h nats.Header) bool {
 			if job, _ := protocol.ParseJob(subject, h, nil); job.ID == req.JobID || protocol.FallbackJobID(seq) == req.JobID {
 				t.seq = seq
 				return false
@@ -152,9 +168,42 @@ func (s *Supervisor) cancelMatching(ctx context.Context, req jetfleet.CancelRequ
 		}
 		add(r, nil, j.JobID)
 	}
+	var delayed []*protocol.DelayedJob
+	complete, err := s.scanStream(ctx, s.delayed, protocol.DelayedFilter(req.Queue, req.Kind), cancelScanLimit,
+		func(seq uint64, subject string, h nats.Header) bool {
+			if req.ScheduleID != "" && h.Get(protocol.HeaderScheduleID) != req.ScheduleID {
+				return true
+			}
+			if len(res.Results)+len(delayed) >= req.Limit {
+				return false
+			}
+			delayed = append(delayed, protocol.DelayedJobOf(subject, h.Get(protocol.HeaderNatsSchedule), seq))
+			return true
+		})
+	if err != nil {
+		return nil, internal(fmt.Errorf("look for jobs in %s: %w", protocol.StreamDelayed, err))
+	}
+	if !complete {
+		res.Truncated = true
+	}
+	for _, d := range delayed {
+		if err := s.recordCancel(ctx, req, d.JobID); err != nil {
+			add(nil, err, d.JobID)
+			continue
+		}
+		r, err := s.removeDelayed(ctx, req, d)
+		if err == nil && r == nil {
+			continue // fired meanwhile: found in JOBS below
+		}
+		add(r, err, d.JobID)
+	}
+	if res.Truncated {
+		return res, nil
+	}
+
 	held := s.tracker.heldSequences()
 	var found []cancelTarget
-	complete, err := s.scanJobs(ctx, req.Subject(), cancelScanLimit, func(seq uint64, subject string, h nats.Header) bool {
+	complete, err = s.scanStream(ctx, s.jobs, req.Subject(), cancelScanLimit, func(seq uint64, subject string, h nats.Header) bool {
 		if done[seq] || held[seq] {
 			return true
 		}
@@ -326,16 +375,85 @@ func (s *Supervisor) removeCancelled(ctx context.Context, req jetfleet.CancelReq
 	return result, nil
 }
 
-// scanJobs reads the JOBS messages on subject filter, oldest first,
+// removeDelayed ends the run of a delayed job: its cancelled event (or its
+// dead letter, req.DeadLetter), then its message schedule leaves DELAYED.
+// It returns nil when the schedule is gone already (it fired).
+func (s *Supervisor) removeDelayed(ctx context.Context, req jetfleet.CancelRequest, d *protocol.DelayedJob) (*jetfleet.CancelResult, error) {
+	rctx, cancel := s.requestCtx(ctx)
+	defer cancel()
+	m, err := s.delayed.GetMsg(rctx, d.Sequence)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, internal(fmt.Errorf("get %s %d: %w", protocol.StreamDelayed, d.Sequence, err))
+	}
+	job, _ := protocol.ParseJob(protocol.JobSubject(d.Queue, d.Kind), m.Header, nil)
+	if req.DeadLetter {
+		if err := s.deadLetterDelayed(rctx, req, d, m); err != nil {
+			return nil, err
+		}
+	} else {
+		ev := &jetfleetpb.JobEvent{Type: protocol.EventCancelled, JobId: d.JobID, Queue: d.Queue, Kind: d.Kind,
+			Time: timestampNow(s.clk), Reason: protocol.ReasonCancelled, Error: protocol.ToValidUTF8(cancelReason(req)),
+			ErrorCode: protocol.CodeCancelled, ScheduleId: job.ScheduleID}
+		msgID := protocol.EventCancelled + ":" + protocol.StreamDelayed + ":" + strconv.FormatUint(d.Sequence, 10)
+		if err := s.publishJobEvent(rctx, ev, msgID); err != nil {
+			return nil, protocol.Errorf(protocol.CodeUnavailable, "store the cancelled event of %s: %v", d.JobID, err)
+		}
+	}
+	if err := s.delayed.DeleteMsg(rctx, d.Sequence); err != nil {
+		if _, gerr := s.delayed.GetMsg(rctx, d.Sequence); !errors.Is(gerr, jetstream.ErrMsgNotFound) {
+			return nil, internal(fmt.Errorf("delete %s %d: %w", protocol.StreamDelayed, d.Sequence, err))
+		}
+	}
+	s.log.Info("cancelled a delayed job", telemetry.LogJobID, d.JobID, telemetry.LogQueue, d.Queue, telemetry.LogKind, d.Kind,
+		"process_at", d.ProcessAt, "reason", req.Reason, "requested_by", req.RequestedBy, "dead_letter", req.DeadLetter)
+	return &jetfleet.CancelResult{JobID: d.JobID, Where: jetfleet.CancelDelayed}, nil
+}
+
+// deadLetterDelayed writes the dead letter (reason cancelled) and dead
+// event of the delayed job d, whose DELAYED message is m. Replayed, it
+// runs at once on jobs.<queue>.<kind>.
+func (s *Supervisor) deadLetterDelayed(ctx context.Context, req jetfleet.CancelRequest, d *protocol.DelayedJob, m *jetstream.RawStreamMsg) error {
+	header := nats.Header{}
+	for k, v := range m.Header {
+		if !strings.HasPrefix(k, "Nats-") {
+			header[k] = v
+		}
+	}
+	subject := protocol.JobSubject(d.Queue, d.Kind)
+	job, _ := protocol.ParseJob(subject, header, m.Data)
+	job.ID = d.JobID
+	dl := protocol.NewDeadLetter(job, subject, header, m.Data, d.Sequence, s.clk.Now())
+	dl.OriginalStream = protocol.StreamDelayed
+	dl.Reason, dl.ErrorCode, dl.LastError = protocol.ReasonCancelled, protocol.CodeCancelled, protocol.ToValidUTF8(cancelReason(req))
+	msg, err := protocol.DeadLetterMsg(dl)
+	if err != nil {
+		return internal(err)
+	}
+	if _, err := s.js.PublishMsg(ctx, msg); err != nil {
+		return protocol.Errorf(protocol.CodeUnavailable, "store the dead letter of %s: %v", d.JobID, err)
+	}
+	ev := &jetfleetpb.JobEvent{Type: protocol.EventDead, JobId: d.JobID, Queue: d.Queue, Kind: d.Kind, Time: timestampNow(s.clk),
+		Reason: protocol.ReasonCancelled, Error: dl.LastError, ErrorCode: protocol.CodeCancelled, ScheduleId: job.ScheduleID}
+	if err := s.publishJobEvent(ctx, ev, protocol.EventDead+":"+protocol.DeadLetterMsgID(protocol.StreamDelayed, d.Sequence)); err != nil {
+		return protocol.Errorf(protocol.CodeUnavailable, "store the dead event of %s: %v", d.JobID, err)
+	}
+	return nil
+}
+
+// scanStream reads the messages of stream on subject filter, oldest first,
 // calling visit for each until it returns false or maxScan messages were
 // read (JOBS is a work queue: no second consumer may read it, so it reads
 // by sequence, the server finding each next message on the subject). It
 // reports whether it read to the end of the stream.
-func (s *Supervisor) scanJobs(ctx context.Context, filter string, maxScan int, visit func(seq uint64, subject string, h nats.Header) bool) (bool, error) {
+func (s *Supervisor) scanStream(ctx context.Context, stream jetstream.Stream, filter string, maxScan int,
+	visit func(seq uint64, subject string, h nats.Header) bool) (bool, error) {
 	next := uint64(1)
 	for range maxScan {
 		rctx, cancel := s.requestCtx(ctx)
-		m, err := s.jobs.GetMsg(rctx, next, jetstream.WithGetMsgSubject(filter))
+		m, err := stream.GetMsg(rctx, next, jetstream.WithGetMsgSubject(filter))
 		cancel()
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return true, nil

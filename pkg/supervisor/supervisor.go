@@ -41,8 +41,8 @@ type Supervisor struct {
 	// lease, and the leader's tasks (leaderTasks).
 	rep *replica.Replica
 
-	jobs, dlq, events, store jetstream.Stream
-	agentsKV, leases         jetstream.KeyValue
+	jobs, dlq, events, store, delayed jetstream.Stream
+	agentsKV, leases                  jetstream.KeyValue
 	// cancelsKV records the cancels of jobs (cancel.go).
 	cancelsKV jetstream.KeyValue
 
@@ -129,7 +129,7 @@ func (s *Supervisor) Start(ctx context.Context) error {
 	for _, st := range []struct {
 		s    *jetstream.Stream
 		name string
-	}{{&s.jobs, protocol.StreamJobs}, {&s.dlq, protocol.StreamDLQ}, {&s.events, protocol.StreamEvents}} {
+	}{{&s.jobs, protocol.StreamJobs}, {&s.dlq, protocol.StreamDLQ}, {&s.events, protocol.StreamEvents}, {&s.delayed, protocol.StreamDelayed}} {
 		if *st.s, err = s.js.Stream(ctx, st.name); err != nil {
 			return fail(fmt.Errorf("stream %s: %w", st.name, err))
 		}

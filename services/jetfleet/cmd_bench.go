@@ -53,6 +53,8 @@ func addBenchFlags(fs *flag.FlagSet, def bench.Config) *benchFlags {
 	fs.IntVar(&cfg.Replicas, "replicas", def.Replicas, "failover: scheduler replicas")
 	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", def.LeaseTTL, "failover: leader lease TTL (topology.lease_ttl)")
 	fs.IntVar(&cfg.DurabilityJobs, "durability-jobs", def.DurabilityJobs, "durability: jobs per phase (0: as many as -jobs)")
+	fs.IntVar(&cfg.DelayedJobs, "delayed-jobs", def.DelayedJobs, "delayed: D, the delayed jobs stored (due in an hour)")
+	fs.IntVar(&cfg.DelayedBurst, "delayed-burst", def.DelayedBurst, "delayed: B, the delayed jobs due within one second, and the plain jobs of the baseline")
 	fs.BoolVar(&b.verbose, "v", false, "log the components' warnings and errors to stderr")
 	fs.BoolVar(&b.quiet, "q", false, "no progress lines on stderr")
 	fs.StringVar(&b.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole bench to `file` (go tool pprof)")

@@ -291,6 +291,23 @@ func TestJobsCancelCommand(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
 	assert.Empty(t, res.Results)
 
+	// A delayed job: submit -in, jobs get, status, then cancel.
+	out, err = cli("submit", "-id", "reminder", "-in", "1h", "reports", "render", `{}`)
+	require.NoError(t, err)
+	assert.Contains(t, out, "delayed job reminder until ")
+	out, err = cli("jobs", "get", "reminder")
+	require.NoError(t, err)
+	assert.Regexp(t, `DELAYED\s+until \S+ \(in (59m5\ds|1h0m0s)\), queue reports, kind render`, out)
+	out, err = cli("status")
+	require.NoError(t, err)
+	assert.Contains(t, out, "delayed jobs: 1")
+	out, err = cli("jobs", "cancel", "reminder")
+	require.NoError(t, err)
+	assert.Regexp(t, `reminder\s+delayed`, out)
+	_, err = cli("submit", "-at", "noon", "reports", "render", `{}`)
+	assert.Equal(t, 2, exitCode(err), "%v", err)
+	assert.ErrorContains(t, err, `-at "noon" is not an RFC 3339 time`)
+
 	_, err = cli("jobs", "cancel")
 	assert.Equal(t, 2, exitCode(err), "%v", err)
 	assert.ErrorContains(t, err, "jobs cancel needs a <job_id>, or -queue, -kind or -schedule")

@@ -173,6 +173,13 @@ func printJobDetail(out io.Writer, res *jetfleet.JobDetail) error {
 	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "JOB\t%s\n", res.JobID)
+	if d := res.Delayed; d != nil {
+		fmt.Fprintf(tw, "DELAYED\tuntil %s (in %s), queue %s, kind %s\n", d.ProcessAt.UTC().Format(time.RFC3339),
+			time.Until(d.ProcessAt).Round(time.Second), d.Queue, d.Kind)
+	}
+	if ev == nil && res.Delayed != nil {
+		return tw.Flush()
+	}
 	if ev == nil {
 		fmt.Fprintln(tw, "STATE\t- (no event yet: queued, or no such job)")
 	} else {

@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/jetfleet/jetfleet/pkg/jetfleet"
+	"github.com/jetfleet/jetfleet/pkg/protocol"
 )
 
 func init() {
@@ -37,7 +40,7 @@ func runQueueList(ctx context.Context, inv *invocation) error {
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "QUEUE\tPENDING\tIN FLIGHT\tACK WAIT\tMAX DELIVER\tPAUSED\tDECLARED")
 			for _, q := range res.Queues {
-				fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%s\t%s\n", q.Queue, q.Pending, q.AckPending, q.AckWait, q.MaxDeliver,
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\n", q.Queue, pendingText(q), q.AckPending, q.AckWait, q.MaxDeliver,
 					yesNo(q.Paused), yesNo(q.Declared))
 			}
 			if err := tw.Flush(); err != nil {
@@ -118,4 +121,20 @@ func yesNo(b bool) string {
 		return "yes"
 	}
 	return "-"
+}
+
+// pendingText is a queue's waiting jobs, split by priority when some are
+// not of the default one: "120 (high 20, default 100)".
+func pendingText(q jetfleet.QueueStatus) string {
+	text := strconv.FormatUint(q.Pending, 10)
+	var parts []string
+	for _, p := range protocol.Priorities {
+		if n, ok := q.PendingByPriority[p]; ok && n > 0 {
+			parts = append(parts, p+" "+strconv.FormatUint(n, 10))
+		}
+	}
+	if len(parts) > 0 {
+		text += " (" + strings.Join(parts, ", ") + ")"
+	}
+	return text
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetfleet/jetfleet/pkg/bench"
 	"github.com/jetfleet/jetfleet/pkg/clock"
 	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/natstest"
@@ -24,6 +25,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	bench.RunChildServerIfAsked() // the bench's delayed scenario runs its server so
 	if os.Getenv("JETFLEET_TEST_MAIN") == "1" {
 		// The child process of runMain: jetfleet's main, with the
 		// arguments after "--".

@@ -36,6 +36,7 @@ func printStatus(out io.Writer, st *jetfleet.FleetStatus) error {
 	fmt.Fprintf(out, "agents: %d alive, %d draining, %d dead; running %d of %d slots\n", st.AgentsAlive, st.AgentsDrain,
 		st.AgentsDead, st.Running, st.Capacity)
 	fmt.Fprintf(out, "dead letters: %d\n", st.DLQDepth)
+	fmt.Fprintf(out, "delayed jobs: %d\n", st.Delayed)
 	if st.Unroutable > 0 {
 		fmt.Fprintf(out, "jobs no queue serves: %d (dead-lettered shortly as unroutable or invalid_subject; jetfleet queue ls lists them)\n", st.Unroutable)
 	}
@@ -51,7 +52,7 @@ func printStatus(out io.Writer, st *jetfleet.FleetStatus) error {
 					paused = "until " + q.PausedUntil.UTC().Format(time.RFC3339)
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%d\t%s\t%s\n", q.Queue, q.Pending, q.AckPending, q.Redelivered, q.Waiting,
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%d\t%s\t%s\n", q.Queue, pendingText(q), q.AckPending, q.Redelivered, q.Waiting,
 				q.AckWait, q.MaxDeliver, q.Breaker, paused)
 		}
 		if err := tw.Flush(); err != nil {

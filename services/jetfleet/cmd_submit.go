@@ -75,11 +75,31 @@ func setupSubmit(fs *flag.FlagSet) action {
 	backoff := fs.String("backoff", "", "retry delays, comma-separated (1s,10s,1m)")
 	headers := &headerFlag{h: nats.Header{}}
 	fs.Var(headers, "header", "extra header `name=value` (repeatable)")
+	fs.StringVar(&job.Priority, "priority", "", "the job's `priority` in its queue: high, default or low")
+	at := fs.String("at", "", "run the job at this `time` (RFC 3339, e.g. 2026-11-25T18:00:00Z): a delayed job")
+	in := fs.Duration("in", 0, "run the job after this `duration` (e.g. 90s): a delayed job")
 	return func(ctx context.Context, inv *invocation) error {
 		if err := inv.wantArgs(2, "the <queue>", "the <kind>", "the [payload]"); err != nil {
 			return err
 		}
 		job.Queue, job.Kind, job.Header = inv.args[0], inv.args[1], headers.h
+		if err := protocol.ValidatePriority(job.Priority); err != nil {
+			return flagValueErrorf("-priority: %v", err)
+		}
+		switch {
+		case *at != "" && *in != 0:
+			return flagValueErrorf("give -at or -in, not both")
+		case *at != "":
+			t, err := time.Parse(time.RFC3339Nano, *at)
+			if err != nil {
+				return flagValueErrorf("-at %q is not an RFC 3339 time such as 2026-11-25T18:00:00Z", *at)
+			}
+			job.ProcessAt = t
+		case *in < 0:
+			return flagValueErrorf("-in %s is negative", *in)
+		case *in > 0:
+			job.ProcessAt = time.Now().Add(*in)
+		}
 		if *backoff != "" {
 			b, err := protocol.ParseBackoff(*backoff)
 			if err != nil {
@@ -142,9 +162,20 @@ func submit(ctx context.Context, inv *invocation, job protocol.Job) (err error) 
 		return err
 	}
 	took := time.Since(start)
-	out := submitted{EnqueueResult: *res, Subject: protocol.JobSubject(res.Queue, res.Kind), Stream: protocol.StreamJobs,
+	out := submitted{EnqueueResult: *res, Subject: protocol.JobSubjectAt(res.Queue, res.Kind, job.Priority), Stream: protocol.StreamJobs,
 		TraceID: span.SpanContext().TraceID().String()}
+	if !res.ProcessAt.IsZero() {
+		out.Subject, out.Stream = protocol.DelayedSubject(res.Queue, res.Kind, res.JobID), protocol.StreamDelayed
+	}
 	return inv.print(out, func(w io.Writer) error {
+		if res.ProcessAtPassed {
+			fmt.Fprintf(w, "process_at %s has passed: the job runs now\n", job.ProcessAt.UTC().Format(time.RFC3339))
+		}
+		if !res.ProcessAt.IsZero() && !res.Duplicate {
+			_, err := fmt.Fprintf(w, "delayed job %s until %s (%s seq %d) in %s\ntrace %s\n", res.JobID,
+				res.ProcessAt.UTC().Format(time.RFC3339Nano), out.Stream, res.Sequence, took.Round(time.Microsecond), out.TraceID)
+			return err
+		}
 		if res.Duplicate {
 			_, err := fmt.Fprintf(w, "duplicate: job %s was already published to %s (%s seq %d); not published again\n",
 				res.JobID, out.Subject, out.Stream, res.Sequence)
@@ -170,6 +201,12 @@ func enqueueOptions(job protocol.Job) []jetfleet.EnqueueOption {
 	}
 	if len(job.Backoff) > 0 {
 		opts = append(opts, jetfleet.WithBackoff(job.Backoff...))
+	}
+	if !job.ProcessAt.IsZero() {
+		opts = append(opts, jetfleet.WithProcessAt(job.ProcessAt))
+	}
+	if job.Priority != "" {
+		opts = append(opts, jetfleet.WithPriority(job.Priority))
 	}
 	for k, vs := range job.Header {
 		for _, v := range vs {
@@ -203,7 +240,13 @@ func publishRaw(ctx context.Context, nc *nats.Conn, tracer trace.Tracer, job pro
 		var ack *jetstream.PubAck
 		if ack, err = js.PublishMsg(ctx, msg); err == nil {
 			span.SetAttributes(attribute.Int64("stream_sequence", int64(ack.Sequence)), attribute.Bool("duplicate", ack.Duplicate))
-			return &jetfleet.EnqueueResult{JobID: job.ID, Queue: job.Queue, Kind: job.Kind, Sequence: ack.Sequence, Duplicate: ack.Duplicate}, nil
+			res := &jetfleet.EnqueueResult{JobID: job.ID, Queue: job.Queue, Kind: job.Kind, Sequence: ack.Sequence, Duplicate: ack.Duplicate}
+			if msg.Header.Get(protocol.HeaderNatsSchedule) != "" {
+				res.ProcessAt = job.ProcessAt
+			} else if !job.ProcessAt.IsZero() {
+				res.ProcessAtPassed = true
+			}
+			return res, nil
 		}
 		err = fmt.Errorf("publish to %s: %w", msg.Subject, err)
 	}

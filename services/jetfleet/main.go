@@ -10,9 +10,12 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/jetfleet/jetfleet/pkg/bench"
 )
 
 func main() {
+	bench.RunChildServerIfAsked() // jetfleet bench runs its delayed scenario's server so
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout)
 	stop()
