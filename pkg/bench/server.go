@@ -236,8 +236,11 @@ func (rs *runServer) cleanGiven(ctx context.Context) error {
 		return errors.Join(errs...)
 	}
 	for _, q := range rs.queues {
-		if err := js.DeleteConsumer(ctx, protocol.StreamJobs, protocol.QueueConsumer(q)); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			errs = append(errs, err)
+		for _, p := range protocol.Priorities {
+			if err := js.DeleteConsumer(ctx, protocol.StreamJobs, protocol.PriorityConsumer(q, p)); err != nil &&
+				!errors.Is(err, jetstream.ErrConsumerNotFound) {
+				errs = append(errs, err)
+			}
 		}
 		for _, p := range []struct{ stream, subject string }{
 			{protocol.StreamJobs, protocol.QueueAllSubjects(q)},
