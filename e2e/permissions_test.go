@@ -240,6 +240,26 @@ func TestNATSPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A foreign agent reads a job's entry in bucket cancels with a direct get
+	// before it runs the job (docs/protocol.md §3.8), as the C example does.
+	t.Run("agent user reads a job's cancel", func(t *testing.T) {
+		kv, err := adminJS.KeyValue(ctx, "cancels")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Put(ctx, "perm-cancel", []byte(`{"job_id":"perm-cancel","reason":"probe"}`)); err != nil {
+			t.Fatal(err)
+		}
+		nc, errs := connect("agent")
+		m, err := nc.Request("$JS.API.DIRECT.GET.KV_cancels.$KV.cancels.perm-cancel", nil, 2*time.Second)
+		if err != nil {
+			t.Fatalf("direct get of the job's cancel: %v (async errors: %v)", err, errs.errs)
+		}
+		if !strings.Contains(string(m.Data), `"perm-cancel"`) || m.Header.Get("Nats-Time-Stamp") == "" {
+			t.Errorf("direct get answered %q with headers %v", m.Data, m.Header)
+		}
+	})
+
 	t.Run("agent user is denied", func(t *testing.T) {
 		nc, errs := connect("agent")
 		js, _ := jetstream.New(nc)

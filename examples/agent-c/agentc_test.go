@@ -317,6 +317,7 @@ func TestHeartbeatListsInFlightJobAndProgressKeepsItAlive(t *testing.T) {
 	// AckWait shorter than the job: only +WPI keeps it from being redelivered.
 	f := newFleet(t, topology.QueueConfig{AckWait: 2 * time.Second})
 	hbs := watchHeartbeats(t, f.nc, "c-hb")
+	progress := collectMsgs(t, f.nc, protocol.JobEventsOfType("default", "sleep", protocol.EventProgress))
 	a := f.startAgent(t, "c-hb", "--heartbeat", "200ms")
 
 	seq := fleettest.Publish(t, f.js, protocol.Job{ID: "sleep-1", Queue: "default", Kind: "sleep", Payload: []byte("4000")})
@@ -364,11 +365,63 @@ func TestHeartbeatListsInFlightJobAndProgressKeepsItAlive(t *testing.T) {
 	assert.Equal(t, "c-hb", reg.GetAgentId())
 	assert.Equal(t, []string{"default"}, reg.GetQueues())
 
+	// The sleep kind reports its progress every second (§3.9): the
+	// heartbeat lists the latest report.
+	withProgress := hbs.wait(t, "with the job's progress", func(h *jetfleetpb.Heartbeat) bool {
+		j := inFlight(h, "sleep-1")
+		return j != nil && j.GetProgressAt() != nil
+	})
+	pj := inFlight(withProgress, "sleep-1")
+	assert.Contains(t, []float64{0.25, 0.5, 0.75}, pj.GetProgress())
+	assert.Regexp(t, `^slept [123]s of 4\.000s$`, pj.GetProgressMessage())
+	assert.WithinDuration(t, time.Now(), pj.GetProgressAt().AsTime(), 10*time.Second)
+
 	ev := f.events.WaitFor(t, waitTimeout, "sleep-1", protocol.EventSucceeded)
 	assert.Equal(t, uint64(1), ev.GetDelivered(), "+WPI kept the job from being redelivered after AckWait")
 	assert.GreaterOrEqual(t, ev.GetDuration().AsDuration(), 4*time.Second)
-	assert.Equal(t, "started,succeeded", types(f.events.Of("sleep-1")), "a job running past 1s has a started event")
+	assert.Equal(t, "started,progress,progress,progress,succeeded", types(f.events.Of("sleep-1")),
+		"a job running past 1s has a started event; the sleep reports after 1s, 2s and 3s")
+	sent := progress.list()
+	require.Len(t, sent, 3)
+	for i, m := range sent {
+		assert.Equal(t, protocol.ProgressEventMsgID(seq, 1, uint64(i+1)), m.Header.Get(protocol.HeaderMsgID), "one id per report")
+		var p jetfleetpb.JobEvent
+		require.NoError(t, protocol.Unmarshal(m.Data, &p))
+		assert.Equal(t, float64(i+1)/4, p.GetProgress())
+		assert.Equal(t, fmt.Sprintf("slept %ds of 4.000s", i+1), p.GetProgressMessage())
+		assert.Equal(t, uint32(1), p.GetAttempt())
+		assert.Equal(t, seq, p.GetStreamSequence())
+		assert.Equal(t, "c-hb", p.GetAgentId())
+	}
+	st := fleettest.WaitLatestEvent(t, f.js, "sleep-1", protocol.EventSucceeded, waitTimeout)
+	assert.Equal(t, protocol.EventSucceeded, st.GetType(), "no progress event after the outcome")
 	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, waitTimeout)
+}
+
+// msgs collects core NATS messages on a subject, headers included.
+type msgs struct {
+	mu  sync.Mutex
+	all []*nats.Msg
+}
+
+func collectMsgs(t *testing.T, nc *nats.Conn, subject string) *msgs {
+	t.Helper()
+	c := &msgs{}
+	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+		c.mu.Lock()
+		c.all = append(c.all, m)
+		c.mu.Unlock()
+	})
+	require.NoError(t, err)
+	require.NoError(t, nc.Flush())
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return c
+}
+
+func (c *msgs) list() []*nats.Msg {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]*nats.Msg(nil), c.all...)
 }
 
 func TestUnknownKindIsPassedOnToALiveAgentElseDeadLettered(t *testing.T) {
@@ -455,11 +508,14 @@ func TestRedeliveryOfSucceededJobIsAckedWithoutRunning(t *testing.T) {
 	assert.Equal(t, uint64(0), fleettest.StreamMsgs(t, f.js, protocol.StreamDLQ))
 }
 
-func TestCancelCommandDeadLettersTheRunningJob(t *testing.T) {
+// TestCancelCommandEndsTheRunningJob: the cancel command ends a running job
+// with the cancelled event and a TERM, no dead letter (§3.2, §3.6); the
+// other commands are answered as §3.6 says.
+func TestCancelCommandEndsTheRunningJob(t *testing.T) {
 	f := newFleet(t, topology.QueueConfig{})
 	hbs := watchHeartbeats(t, f.nc, "c-cancel")
 	f.startAgent(t, "c-cancel")
-	fleettest.Publish(t, f.js, protocol.Job{ID: "long-1", Queue: "default", Kind: "sleep", Payload: []byte("600000")})
+	seq := fleettest.Publish(t, f.js, protocol.Job{ID: "long-1", Queue: "default", Kind: "sleep", Payload: []byte("600000")})
 	hbs.wait(t, "listing long-1", func(hb *jetfleetpb.Heartbeat) bool { return inFlight(hb, "long-1") != nil })
 
 	command := func(cmd *jetfleetpb.AgentCommand) *jetfleetpb.Error {
@@ -479,13 +535,100 @@ func TestCancelCommandDeadLettersTheRunningJob(t *testing.T) {
 	assert.Empty(t, command(&jetfleetpb.AgentCommand{Action: protocol.CommandPing}).GetCode(), "§3.6: ping is answered")
 	assert.Empty(t, command(&jetfleetpb.AgentCommand{Action: protocol.CommandCancel, JobId: "long-1", Reason: "not needed"}).GetCode())
 
-	f.events.WaitFor(t, waitTimeout, "long-1", protocol.EventDead)
-	evs := f.events.Of("long-1")
-	assert.Equal(t, "cancelled,dead", types(evs[len(evs)-2:]))
-	dl, _ := f.deadLetter(t)
+	ev := f.events.WaitFor(t, waitTimeout, "long-1", protocol.EventCancelled)
+	assert.Equal(t, protocol.ReasonCancelled, ev.GetReason())
+	assert.Equal(t, protocol.CodeCancelled, ev.GetErrorCode())
+	assert.Equal(t, "cancelled by command: not needed", ev.GetError())
+	assert.Equal(t, seq, ev.GetStreamSequence())
+	assert.Equal(t, uint32(1), ev.GetAttempt())
+	assert.NotNil(t, ev.GetDuration())
+	st := fleettest.WaitLatestEvent(t, f.js, "long-1", protocol.EventCancelled, waitTimeout)
+	assert.Equal(t, protocol.EventCancelled, st.GetType(), "the job's status")
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, waitTimeout) // +TERM
+	assert.Equal(t, uint64(0), fleettest.StreamMsgs(t, f.js, protocol.StreamDLQ), "no dead letter")
+	assert.NotContains(t, types(f.events.Of("long-1")), protocol.EventDead)
+	assert.Equal(t, "not_found", command(&jetfleetpb.AgentCommand{Action: protocol.CommandCancel, JobId: "long-1"}).GetCode(),
+		"a job that ended is no longer running")
+}
+
+// TestCancelCommandWithDeadLetter: a cancel with dead_letter dead-letters the
+// running job with reason cancelled: events failed and dead (§3.2).
+func TestCancelCommandWithDeadLetter(t *testing.T) {
+	f := newFleet(t, topology.QueueConfig{})
+	hbs := watchHeartbeats(t, f.nc, "c-cancel-dl")
+	f.startAgent(t, "c-cancel-dl")
+	fleettest.Publish(t, f.js, protocol.Job{ID: "long-2", Queue: "default", Kind: "sleep", Payload: []byte("600000")})
+	hbs.wait(t, "listing long-2", func(hb *jetfleetpb.Heartbeat) bool { return inFlight(hb, "long-2") != nil })
+	data, err := protocol.Marshal(&jetfleetpb.AgentCommand{Action: protocol.CommandCancel, JobId: "long-2", Reason: "wrong input",
+		DeadLetter: true})
+	require.NoError(t, err)
+	reply, err := f.nc.Request(protocol.ControlSubject("c-cancel-dl"), data, waitTimeout)
+	require.NoError(t, err)
+	var e jetfleetpb.Error
+	require.NoError(t, protocol.Unmarshal(reply.Data, &e))
+	require.Empty(t, e.GetCode(), e.GetMessage())
+
+	dead := f.events.WaitFor(t, waitTimeout, "long-2", protocol.EventDead)
+	assert.Equal(t, protocol.ReasonCancelled, dead.GetReason())
+	assert.Equal(t, protocol.CodeCancelled, dead.GetErrorCode())
+	evs := f.events.Of("long-2")
+	assert.Equal(t, "failed,dead", types(evs[len(evs)-2:]))
+	assert.NotContains(t, types(evs), protocol.EventCancelled)
+	dl, h := f.deadLetter(t)
 	assert.Equal(t, protocol.ReasonCancelled, dl.GetReason())
-	assert.Contains(t, dl.GetLastError(), "not needed")
+	assert.Equal(t, protocol.CodeCancelled, dl.GetErrorCode())
+	assert.Equal(t, "cancelled by command: wrong input", dl.GetLastError())
+	assert.Equal(t, protocol.ReasonCancelled, h.Get(protocol.HeaderDeadReason))
 	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, waitTimeout)
+}
+
+// putCancel stores a JobCancel in bucket cancels, as the supervisor does for
+// a job no agent runs (§3.8).
+func (f *fleet) putCancel(t *testing.T, jobID, reason string, deadLetter bool) {
+	t.Helper()
+	ctx := fleettest.Ctx(t, waitTimeout)
+	kv, err := f.js.KeyValue(ctx, protocol.BucketCancels)
+	require.NoError(t, err)
+	data, err := protocol.Marshal(&jetfleetpb.JobCancel{JobId: jobID, Reason: reason, DeadLetter: deadLetter,
+		RequestedAt: timestamppb.Now(), RequestedBy: "test"})
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, protocol.JobToken(jobID), data)
+	require.NoError(t, err)
+}
+
+// TestJobCancelledInBucketIsNeverRun: a job with a cancel in bucket cancels,
+// stored after the job, ends as cancelled — or dead-lettered, with
+// dead_letter — without running (§3.8); a cancel stored before the job (its
+// id enqueued again after the cancel) is about another job.
+func TestJobCancelledInBucketIsNeverRun(t *testing.T) {
+	f := newFleet(t, topology.QueueConfig{})
+	// A cancel of "again-1" stored before the job: not this job.
+	f.putCancel(t, "again-1", "an older job with this id", false)
+	// fail jobs would fail if they ran: a retrying event.
+	fleettest.Publish(t, f.js, protocol.Job{ID: "again-1", Queue: "default", Kind: "echo"})
+	cancelledSeq := fleettest.Publish(t, f.js, protocol.Job{ID: "order:7", Queue: "default", Kind: "fail"}) // a b64_ token
+	fleettest.Publish(t, f.js, protocol.Job{ID: "drop-1", Queue: "default", Kind: "fail"})
+	f.putCancel(t, "order:7", "customer changed their mind", false)
+	f.putCancel(t, "drop-1", "bad batch", true)
+	f.startAgent(t, "c-bucket")
+
+	ev := f.events.WaitFor(t, waitTimeout, "order:7", protocol.EventCancelled)
+	assert.Equal(t, "cancelled by command: customer changed their mind", ev.GetError())
+	assert.Equal(t, protocol.CodeCancelled, ev.GetErrorCode())
+	assert.Equal(t, protocol.ReasonCancelled, ev.GetReason())
+	assert.Equal(t, cancelledSeq, ev.GetStreamSequence())
+	assert.Equal(t, "c-bucket", ev.GetAgentId())
+	dead := f.events.WaitFor(t, waitTimeout, "drop-1", protocol.EventDead)
+	assert.Equal(t, protocol.ReasonCancelled, dead.GetReason())
+	f.events.WaitFor(t, waitTimeout, "again-1", protocol.EventSucceeded)
+
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, waitTimeout)
+	assert.Equal(t, "cancelled", types(f.events.Of("order:7")), "never run: no retrying event")
+	assert.Equal(t, "failed,dead", types(f.events.Of("drop-1")), "never run, dead-lettered")
+	dl, _ := f.deadLetter(t)
+	assert.Equal(t, "drop-1", dl.GetJobId())
+	assert.Equal(t, protocol.ReasonCancelled, dl.GetReason())
+	assert.Equal(t, "cancelled by command: bad batch", dl.GetLastError())
 }
 
 // TestTimeoutCommandRetriesTheAttempt: the supervisor's timeout command
@@ -623,15 +766,16 @@ func (f *fleet) storeEvent(t *testing.T, ev *jetfleetpb.JobEvent) {
 // TestRedeliveryReadsTheLatestEventOfEachType: a redelivery reads each event
 // type on its own subject (§3.3), not the job's latest event: it counts the
 // snoozes of a snoozed event that an older, late event follows; re-TERMs a
-// job whose dead letter is stored; and dead-letters a stored verdict, all
-// without running the job.
+// job whose dead letter or cancelled event is stored; and dead-letters a
+// stored verdict, all without running the job.
 func TestRedeliveryReadsTheLatestEventOfEachType(t *testing.T) {
 	f := newFleet(t, topology.QueueConfig{})
 	snoozedSeq := fleettest.Publish(t, f.js, protocol.Job{ID: "snoozed-1", Queue: "default", Kind: "fail",
 		MaxAttempts: 2, Backoff: []time.Duration{10 * time.Millisecond}})
 	fleettest.Publish(t, f.js, protocol.Job{ID: "dead-1", Queue: "default", Kind: "sleep", Payload: []byte("600000")})
 	fleettest.Publish(t, f.js, protocol.Job{ID: "verdict-1", Queue: "default", Kind: "sleep", Payload: []byte("600000")})
-	f.deliverAndNak(t, 3, func(id string, ack *protocol.AckSubject) {
+	fleettest.Publish(t, f.js, protocol.Job{ID: "cancelled-1", Queue: "default", Kind: "sleep", Payload: []byte("600000")})
+	f.deliverAndNak(t, 4, func(id string, ack *protocol.AckSubject) {
 		ev := func(typ string) *jetfleetpb.JobEvent {
 			return &jetfleetpb.JobEvent{Type: typ, JobId: id, Queue: "default", AgentId: "lost-agent",
 				Time: timestamppb.Now(), StreamSequence: ack.StreamSequence, Delivered: ack.Delivered, Attempt: 1, MaxAttempts: 5}
@@ -654,6 +798,11 @@ func TestRedeliveryReadsTheLatestEventOfEachType(t *testing.T) {
 			failed := ev(protocol.EventFailed)
 			failed.Kind, failed.Reason, failed.ErrorCode, failed.Error = "sleep", protocol.ReasonNonRetryable, protocol.CodeNonRetryable, "bad input"
 			f.storeEvent(t, failed)
+		case "cancelled-1":
+			// Cancelled; the TERM after the event was lost.
+			cancelled := ev(protocol.EventCancelled)
+			cancelled.Kind, cancelled.Reason, cancelled.ErrorCode, cancelled.Error = "sleep", protocol.ReasonCancelled, protocol.CodeCancelled, "cancelled by command"
+			f.storeEvent(t, cancelled)
 		default:
 			t.Errorf("unexpected job %q", id)
 		}
@@ -691,6 +840,8 @@ func TestRedeliveryReadsTheLatestEventOfEachType(t *testing.T) {
 	assert.Equal(t, protocol.CodeHandlerError, byID["snoozed-1"].GetErrorCode(), "its last attempt ran")
 	assert.NotContains(t, byID, "dead-1", "its dead letter was stored before: only the TERM was missing")
 	assert.Empty(t, f.eventsBy("c-history", "dead-1"), "the job did not run")
+	assert.NotContains(t, byID, "cancelled-1", "a cancelled job is only TERMed again, never dead-lettered")
+	assert.Empty(t, f.eventsBy("c-history", "cancelled-1"), "the job did not run")
 }
 
 // TestRegistrationIsLiveByStorageTime: an agent whose registration was not

@@ -51,6 +51,18 @@
 // every AckWait/3, so a job may run far longer than AckWait. Progress(ctx)
 // sends one at once.
 //
+// ReportProgress(ctx, fraction, message) also says how far the job got — a
+// fraction from 0 to 1 and a short message, such as 0.4 and "resizing image
+// 4 of 10" — which the fleet shows while the job runs (jetfleet.Client.Job,
+// jetfleet jobs get and jobs ls) and which extends the ack deadline too. A
+// fraction outside [0, 1] (or NaN) is refused with ErrInvalidProgress; the
+// message is cut to 256 bytes. Report as often as you like: the agent
+// publishes at most one progress event per job a second, the latest report,
+// and drops one still due when the handler returns (the outcome follows).
+// Exec programs report with lines of output that start with
+// ProgressLinePrefix, http endpoints with interim responses
+// (docs/agent.md); ParseProgress reads both.
+//
 // # Middleware
 //
 // Middleware is func(Handler) Handler. The agent runs every job through

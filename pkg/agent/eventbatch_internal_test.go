@@ -150,7 +150,7 @@ func succeededEvent(jobID string) *jetfleetpb.JobEvent {
 // flight as publish counts it.
 func pendingFor(t *testing.T, r *recorder, ev *jetfleetpb.JobEvent) *pendingEvent {
 	t.Helper()
-	msg, err := eventMsg(ev)
+	msg, err := eventMsg(ev, "")
 	require.NoError(t, err)
 	job := protocol.JobToken(ev.GetJobId())
 	e := &pendingEvent{r: r, msg: msg, job: job, number: r.next(job), tries: 1}

@@ -46,7 +46,25 @@ type execution struct {
 	running      bool // the handler was called
 	deadline     time.Time
 	attempt      int
-	lastProgress time.Time
+	lastProgress time.Time // the last +WPI
+	// report is the handler's latest progress report, listed in heartbeats.
+	// progressSent is when the last progress event went out and
+	// progressEvents how many did (the n of their message ids);
+	// progressTimer sends a report that came sooner than
+	// protocol.ProgressEventInterval after the last one (progressDue).
+	report         progressReport
+	progressSent   time.Time
+	progressEvents uint64
+	progressDue    bool
+	progressTimer  *time.Timer
+}
+
+// progressReport is one progress report of a handler; at is zero before
+// the first.
+type progressReport struct {
+	fraction float64
+	message  string
+	at       time.Time
 }
 
 // claim marks the execution settled; only the first caller acts on the
@@ -56,8 +74,15 @@ func (ex *execution) claim() bool {
 	if !ex.settled.CompareAndSwap(false, true) {
 		return false
 	}
+	// A barrier for progressLoop and progress reports: whatever they send
+	// under ex.mu goes out before the answer. A report still due is
+	// dropped: the job's outcome follows, and is its status.
 	ex.mu.Lock()
-	ex.mu.Unlock() //nolint:staticcheck // an empty critical section: a barrier for progressLoop
+	if ex.progressTimer != nil {
+		ex.progressTimer.Stop()
+		ex.progressTimer = nil
+	}
+	ex.mu.Unlock()
 	return true
 }
 
@@ -71,6 +96,9 @@ func (ex *execution) inFlight() *jetfleetpb.InFlightJob {
 	}
 	if !ex.deadline.IsZero() {
 		j.Deadline = timestamppb.New(ex.deadline)
+	}
+	if p := ex.report; !p.at.IsZero() {
+		j.Progress, j.ProgressMessage, j.ProgressAt = p.fraction, p.message, timestamppb.New(p.at)
 	}
 	return j
 }

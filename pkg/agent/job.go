@@ -3,6 +3,10 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -90,7 +94,8 @@ func JobFrom(ctx context.Context) *Job {
 
 // Progress tells JetStream the job in ctx is still being worked on, so it is
 // not redelivered. The agent already does this every AckWait/3; call it to
-// report progress sooner. It is a no-op outside a handler.
+// extend the job's ack deadline sooner. ReportProgress also says how far the
+// job got. It is a no-op outside a handler.
 func Progress(ctx context.Context) error {
 	if j := JobFrom(ctx); j != nil && j.ex != nil {
 		return j.ex.progress()
@@ -100,3 +105,55 @@ func Progress(ctx context.Context) error {
 
 // Heartbeat is Progress under the name other job systems use.
 func Heartbeat(ctx context.Context) error { return Progress(ctx) }
+
+// ErrInvalidProgress is what ReportProgress returns for a fraction that is
+// not a number from 0 to 1.
+var ErrInvalidProgress = errors.New("agent: invalid progress")
+
+// ReportProgress reports how far the job in ctx got: fraction, from 0 to 1,
+// and a short message such as "resizing image 4 of 10". The fleet shows the
+// latest report while the job runs (jetfleet.Client.Job, jetfleet jobs get
+// and jobs ls), and it extends the job's ack deadline as Progress does.
+//
+// A fraction that is NaN or outside [0, 1] is refused with
+// ErrInvalidProgress, never clamped. The message is cut to
+// protocol.MaxProgressMessage (256) bytes of valid UTF-8, control
+// characters becoming spaces.
+//
+// Call it as often as you like: the agent publishes at most one progress
+// event per job per protocol.ProgressEventInterval (1s), the latest report
+// then, so a handler reporting in a tight loop cannot flood the events
+// stream. A report not yet published when the handler returns is dropped:
+// the job's outcome follows, and the outcome is its status. It is a no-op
+// outside a handler (after validating fraction).
+func ReportProgress(ctx context.Context, fraction float64, message string) error {
+	if err := protocol.ValidateProgress(fraction); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidProgress, err)
+	}
+	if j := JobFrom(ctx); j != nil && j.ex != nil {
+		return j.ex.reportProgress(fraction, protocol.ProgressMessage(message))
+	}
+	return nil
+}
+
+// ProgressLinePrefix starts a line of an exec handler's output that reports
+// progress: "::progress <fraction> <message>", e.g. "::progress 0.4 resizing
+// image 4 of 10" (docs/agent.md).
+const ProgressLinePrefix = "::progress "
+
+// ParseProgress reads a progress report written as "<fraction> <message>"
+// (the message is optional): what follows ProgressLinePrefix in an exec
+// handler's output, and the value of an http handler's Jetfleet-Progress
+// header. The fraction is a decimal number from 0 to 1, such as 0.4.
+func ParseProgress(s string) (fraction float64, message string, err error) {
+	s = strings.TrimSpace(s)
+	number, message, _ := strings.Cut(s, " ")
+	fraction, err = strconv.ParseFloat(number, 64)
+	if err != nil {
+		return 0, "", fmt.Errorf("%w: %q is not a number from 0 to 1", ErrInvalidProgress, number)
+	}
+	if err := protocol.ValidateProgress(fraction); err != nil {
+		return 0, "", fmt.Errorf("%w: %w", ErrInvalidProgress, err)
+	}
+	return fraction, strings.TrimSpace(message), nil
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/telemetry"
 )
@@ -74,8 +76,75 @@ func (a *Agent) progressLoop(ctx context.Context) {
 func (a *Agent) publishStarted(ex *execution) {
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
+	a.publishStartedLocked(ex)
+}
+
+// publishStartedLocked is publishStarted with ex.mu held.
+func (a *Agent) publishStartedLocked(ex *execution) {
 	if ex.settled.Load() || !ex.startedEvent.CompareAndSwap(false, true) {
 		return
 	}
 	a.recorder.event(a.event(ex, protocol.EventStarted))
+}
+
+// reportProgress records the handler's report and sends it: at once when
+// the last progress event of the attempt went out at least
+// protocol.ProgressEventInterval ago, else when that interval has passed —
+// the latest report then, however many came meanwhile. A report still due
+// when the job is answered is dropped (claim). Nothing is sent once the job
+// is answered: the job's status is its outcome.
+func (ex *execution) reportProgress(fraction float64, message string) error {
+	now := time.Now()
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	if ex.settled.Load() {
+		return nil
+	}
+	ex.report = progressReport{fraction: fraction, message: message, at: now}
+	if ex.progressTimer != nil {
+		ex.progressDue = true // the timer sends it
+		return nil
+	}
+	if wait := protocol.ProgressEventInterval - now.Sub(ex.progressSent); wait > 0 {
+		ex.progressDue = true
+		ex.progressTimer = time.AfterFunc(wait, ex.sendDueProgress)
+		return nil
+	}
+	return ex.sendProgressLocked(now)
+}
+
+// sendDueProgress sends the latest report once the interval has passed.
+func (ex *execution) sendDueProgress() {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	ex.progressTimer = nil
+	if !ex.progressDue || ex.settled.Load() {
+		return
+	}
+	now := time.Now()
+	if wait := protocol.ProgressEventInterval - now.Sub(ex.progressSent); wait > 0 {
+		ex.progressTimer = time.AfterFunc(wait, ex.sendDueProgress) // a timer may fire early
+		return
+	}
+	if err := ex.sendProgressLocked(now); err != nil {
+		ex.agent.logger.Warn("progress report failed", telemetry.LogJobID, ex.job.ID, telemetry.LogError, err)
+	}
+}
+
+// sendProgressLocked publishes the latest report as a progress event —
+// after the attempt's started event, so that the job's latest event is a
+// progress event from then on — and tells JetStream the job is in progress
+// (+WPI). Called with ex.mu held, the job not answered.
+func (ex *execution) sendProgressLocked(now time.Time) error {
+	a := ex.agent
+	ex.progressDue = false
+	ex.progressSent = now
+	ex.progressEvents++
+	a.publishStartedLocked(ex)
+	ev := a.event(ex, protocol.EventProgress)
+	ev.Time = timestamppb.New(ex.report.at)
+	ev.Progress, ev.ProgressMessage = ex.report.fraction, ex.report.message
+	a.recorder.eventWithID(ev, protocol.ProgressEventMsgID(ex.seq, ex.job.Delivered, ex.progressEvents))
+	ex.lastProgress = now
+	return ex.msg.InProgress()
 }

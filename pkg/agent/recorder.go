@@ -91,14 +91,19 @@ func newRecorder(js jetstream.JetStream, replies *replies, gate *connGate, logge
 	return &recorder{js: js, replies: replies, gate: gate, stopped: make(chan struct{}), logger: logger, jobs: map[string]*jobEvents{}}
 }
 
-func eventMsg(ev *jetfleetpb.JobEvent) (*nats.Msg, error) {
+// eventMsg is the message of a job event, with its Nats-Msg-Id: msgID, or
+// the one of its type and delivery (protocol.JobEventMsgID) when empty.
+func eventMsg(ev *jetfleetpb.JobEvent, msgID string) (*nats.Msg, error) {
 	data, err := protocol.Marshal(ev)
 	if err != nil {
 		return nil, err
 	}
 	msg := &nats.Msg{Subject: protocol.JobEventSubject(ev.GetQueue(), ev.GetKind(), ev.GetType(), ev.GetJobId()), Data: data}
-	if id := protocol.JobEventMsgID(ev.GetType(), ev.GetStreamSequence(), ev.GetDelivered()); id != "" {
-		msg.Header = nats.Header{protocol.HeaderMsgID: {id}}
+	if msgID == "" {
+		msgID = protocol.JobEventMsgID(ev.GetType(), ev.GetStreamSequence(), ev.GetDelivered())
+	}
+	if msgID != "" {
+		msg.Header = nats.Header{protocol.HeaderMsgID: {msgID}}
 	}
 	return msg, nil
 }
@@ -106,11 +111,19 @@ func eventMsg(ev *jetfleetpb.JobEvent) (*nats.Msg, error) {
 // event publishes a job event without waiting.
 func (r *recorder) event(ev *jetfleetpb.JobEvent) { r.eventThen(ev, nil) }
 
+// eventWithID publishes a job event with its own Nats-Msg-Id (progress
+// events: one per report) without waiting.
+func (r *recorder) eventWithID(ev *jetfleetpb.JobEvent, msgID string) { r.publishEvent(ev, msgID, nil) }
+
 // eventThen publishes a job event without waiting; then, when set, is told
 // once whether it was stored (false: it could not be, or a newer event of
 // the job superseded it).
 func (r *recorder) eventThen(ev *jetfleetpb.JobEvent, then func(stored bool)) {
-	msg, err := eventMsg(ev)
+	r.publishEvent(ev, "", then)
+}
+
+func (r *recorder) publishEvent(ev *jetfleetpb.JobEvent, msgID string, then func(stored bool)) {
+	msg, err := eventMsg(ev, msgID)
 	if err != nil {
 		r.logger.Error("encode job event", telemetry.LogJobID, ev.GetJobId(), telemetry.LogError, err)
 		if then != nil {
@@ -125,7 +138,7 @@ func (r *recorder) eventThen(ev *jetfleetpb.JobEvent, then func(stored bool)) {
 // eventNow publishes a job event and waits until it is stored, for events
 // the next delivery must see (a snooze changes how attempts are counted).
 func (r *recorder) eventNow(ctx context.Context, ev *jetfleetpb.JobEvent) error {
-	msg, err := eventMsg(ev)
+	msg, err := eventMsg(ev, "")
 	if err != nil {
 		return err
 	}

@@ -245,3 +245,60 @@ func ExampleClient_ReplayDeadLetters() {
 	// dead: non_retryable - card declined
 	// replayed: succeeded at attempt 1
 }
+
+// Resize are the arguments of a long job that reports its progress.
+type Resize struct {
+	Images int `json:"images"`
+}
+
+func (Resize) Kind() string  { return "resize" }
+func (Resize) Queue() string { return "images" }
+
+// A handler reports how far it got with agent.ReportProgress; the job's
+// status shows the latest report while it runs.
+func Example_progress() {
+	nc, stop := startDevFleet()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	finish := make(chan struct{})
+	a, err := agent.New(nc, agent.Config{Queues: []string{"images"}})
+	if err != nil {
+		panic(err)
+	}
+	err = agent.AddHandler(a, func(ctx context.Context, job *agent.Job, r Resize) error {
+		if err := agent.ReportProgress(ctx, 0.4, fmt.Sprintf("resizing image 4 of %d", r.Images)); err != nil {
+			return err
+		}
+		<-finish // the rest of the work
+		return nil
+	})
+	if err != nil {
+		panic(err)
+	}
+	if err := a.Start(ctx); err != nil {
+		panic(err)
+	}
+	defer a.Stop(ctx)
+
+	client := jetfleet.NewClient(nc)
+	res, err := client.Enqueue(ctx, Resize{Images: 10})
+	if err != nil {
+		panic(err)
+	}
+	for {
+		job, err := client.Job(ctx, res.JobID)
+		if err == nil && job.Progress != nil {
+			fmt.Println(job.State+":", job.Progress)
+			break
+		}
+		if ctx.Err() != nil {
+			panic(ctx.Err())
+		}
+		time.Sleep(10 * time.Millisecond) // polling the job's status, as a client would
+	}
+	close(finish)
+	// Output:
+	// running: 40% — resizing image 4 of 10
+}

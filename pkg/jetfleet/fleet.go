@@ -56,6 +56,9 @@ type RunningJob struct {
 	// timed_out (the supervisor failed the attempt) or ack_overdue
 	// (JetStream delivered the job again: no ack or progress within AckWait).
 	State string `json:"state"`
+	// Progress is the handler's latest progress report, nil while it has
+	// reported none.
+	Progress *Progress `json:"progress,omitempty"`
 }
 
 // RunningJobsRequest filters running jobs.
@@ -84,6 +87,10 @@ type JobDetail struct {
 	Event         json.RawMessage `json:"event,omitempty"`
 	EventSequence uint64          `json:"event_sequence,omitempty"`
 	Running       []RunningJob    `json:"running,omitempty"`
+	// Progress is the running job's latest progress report: from the
+	// heartbeat of the agent running it, else from its latest event when
+	// that is a progress report.
+	Progress *Progress `json:"progress,omitempty"`
 	// Delayed is set while the job waits in DELAYED for its process_at.
 	Delayed *protocol.DelayedJob `json:"delayed,omitempty"`
 }

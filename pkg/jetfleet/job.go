@@ -3,6 +3,8 @@ package jetfleet
 import (
 	"context"
 	"fmt"
+	"math"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -12,6 +14,39 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 )
 
+// StateRunning is the State of a job whose latest event is a progress
+// report: it runs, and Progress says how far it got.
+const StateRunning = "running"
+
+// Progress is how far a running job got, as its handler last reported
+// (docs/protocol.md §3.9).
+type Progress struct {
+	// Fraction is from 0 to 1.
+	Fraction float64 `json:"fraction"`
+	// Message says what the job is doing, at most 256 bytes.
+	Message string `json:"message,omitempty"`
+	// Time is when the handler reported it.
+	Time time.Time `json:"time"`
+}
+
+// String is the report as the CLI prints it: "40% — resizing image 4 of 10".
+func (p *Progress) String() string {
+	pct := strconv.FormatFloat(math.Floor(p.Fraction*100), 'f', 0, 64) + "%"
+	if p.Message == "" {
+		return pct
+	}
+	return pct + " — " + p.Message
+}
+
+// ProgressOfEvent is the report a progress event carries, or nil for any
+// other event.
+func ProgressOfEvent(ev *jetfleetpb.JobEvent) *Progress {
+	if ev.GetType() != protocol.EventProgress {
+		return nil
+	}
+	return &Progress{Fraction: ev.GetProgress(), Message: ev.GetProgressMessage(), Time: ev.GetTime().AsTime()}
+}
+
 // JobInfo is a job's status: what its latest event says (docs/protocol.md
 // §3.3). A job has no status until an agent takes it.
 type JobInfo struct {
@@ -20,9 +55,12 @@ type JobInfo struct {
 	Kind  string `json:"kind"`
 	// State is the latest event's type: started, succeeded, retrying,
 	// snoozed, released, failed, cancelled, dead, rescued, timed_out or
-	// skipped_duplicate; or StateDelayed for a job waiting for its
-	// process_at.
-	State       string    `json:"state"`
+	// skipped_duplicate; StateRunning (running) when it is a progress
+	// report; or StateDelayed for a job waiting for its process_at.
+	State string `json:"state"`
+	// Progress is the running job's latest progress report, when its latest
+	// event is one (State running).
+	Progress    *Progress `json:"progress,omitempty"`
 	Attempt     int       `json:"attempt"`
 	MaxAttempts int       `json:"max_attempts"`
 	AgentID     string    `json:"agent_id,omitempty"`
@@ -49,9 +87,13 @@ func (j *JobInfo) Succeeded() bool {
 }
 
 func jobInfo(ev *jetfleetpb.JobEvent) *JobInfo {
-	return &JobInfo{ID: ev.GetJobId(), Queue: ev.GetQueue(), Kind: ev.GetKind(), State: ev.GetType(),
+	info := &JobInfo{ID: ev.GetJobId(), Queue: ev.GetQueue(), Kind: ev.GetKind(), State: ev.GetType(),
 		Attempt: int(ev.GetAttempt()), MaxAttempts: int(ev.GetMaxAttempts()), AgentID: ev.GetAgentId(),
 		Error: ev.GetError(), ErrorCode: ev.GetErrorCode(), Reason: ev.GetReason(), Time: ev.GetTime().AsTime(), Event: ev}
+	if info.Progress = ProgressOfEvent(ev); info.Progress != nil {
+		info.State = StateRunning
+	}
+	return info
 }
 
 // Job returns a job's status; a delayed job's is StateDelayed. A job

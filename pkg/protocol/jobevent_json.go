@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -40,6 +41,8 @@ func appendJobEvent(b []byte, ev *jetfleetpb.JobEvent) []byte {
 	w.u32("snoozes", ev.GetSnoozes())
 	w.str("output_tail", ev.GetOutputTail())
 	w.u64("delivered", ev.GetDelivered())
+	w.f64("progress", ev.GetProgress())
+	w.str("progress_message", ev.GetProgressMessage())
 	return append(w.b, '}')
 }
 
@@ -83,6 +86,38 @@ func (w *objectWriter) u64(n string, v uint64) {
 	w.b = append(w.b, '"')
 	w.b = strconv.AppendUint(w.b, v, 10)
 	w.b = append(w.b, '"')
+}
+
+// f64 writes a double as protojson does: ES6 number formatting, the
+// non-finite values as strings, and only zero (not -0) omitted.
+func (w *objectWriter) f64(n string, v float64) {
+	if math.Float64bits(v) == 0 {
+		return
+	}
+	w.name(n)
+	switch {
+	case math.IsNaN(v):
+		w.b = append(w.b, `"NaN"`...)
+		return
+	case math.IsInf(v, 1):
+		w.b = append(w.b, `"Infinity"`...)
+		return
+	case math.IsInf(v, -1):
+		w.b = append(w.b, `"-Infinity"`...)
+		return
+	}
+	format := byte('f')
+	if abs := math.Abs(v); abs != 0 && (abs < 1e-6 || abs >= 1e21) {
+		format = 'e'
+	}
+	w.b = strconv.AppendFloat(w.b, v, format, -1, 64)
+	if format == 'e' {
+		// e-07 → e-7, as JavaScript writes exponents.
+		if k := len(w.b); k >= 4 && w.b[k-4] == 'e' && w.b[k-3] == '-' && w.b[k-2] == '0' {
+			w.b[k-2] = w.b[k-1]
+			w.b = w.b[:k-1]
+		}
+	}
 }
 
 func (w *objectWriter) ts(n string, v *timestamppb.Timestamp) {

@@ -197,6 +197,20 @@ func JobEventMsgID(eventType string, streamSeq, delivered uint64) string {
 	return eventType + ":" + StreamJobs + ":" + strconv.FormatUint(streamSeq, 10) + ":" + strconv.FormatUint(delivered, 10)
 }
 
+// ProgressEventMsgID is the Nats-Msg-Id of the n-th progress event (n from
+// 1) of delivery delivered of the JOBS message at streamSeq:
+// progress:JOBS:<seq>:<delivered>:<n>. Each report of a delivery has an id
+// of its own, so none is taken for a resend of another; a resend of the
+// same report keeps its id and is stored once. Empty without a stream
+// sequence.
+func ProgressEventMsgID(streamSeq, delivered, n uint64) string {
+	id := JobEventMsgID(EventProgress, streamSeq, delivered)
+	if id == "" {
+		return ""
+	}
+	return id + ":" + strconv.FormatUint(n, 10)
+}
+
 // EventSubject is a subject of EVENTS taken apart: a job event
 // (events.job.<queue>.<kind>.<type>.<job token>), a schedule event
 // (events.schedule.<schedule id>.<type>) or a queue event

@@ -45,3 +45,11 @@ func RunOver(eventType string) bool {
 	}
 	return false
 }
+
+// AttemptRunning reports whether an event of type eventType says its
+// attempt is still running: started, or progress. Readers that decide
+// whether a delivery was settled (a rescue, a timeout, the last delivery)
+// treat both alike.
+func AttemptRunning(eventType string) bool {
+	return eventType == EventStarted || eventType == EventProgress
+}

@@ -4,6 +4,10 @@ package protocol
 const (
 	// EventStarted: an attempt began on an agent.
 	EventStarted = "started"
+	// EventProgress: the running attempt reported how far it got (progress,
+	// progress_message). The job is still running; a started event precedes
+	// the first of an attempt.
+	EventProgress = "progress"
 	// EventSucceeded: the handler returned success and the ack was confirmed.
 	EventSucceeded = "succeeded"
 	// EventRetrying: the attempt failed and the job will be redelivered after retry_in.

@@ -263,6 +263,6 @@ func (s *Supervisor) lastDeliverySpent(ctx context.Context, m *jetstream.RawStre
 	if err != nil || ev == nil || ev.GetStreamSequence() != m.Sequence {
 		return false
 	}
-	return ev.GetDelivered() >= maxDeliver && ev.GetType() != protocol.EventStarted &&
+	return ev.GetDelivered() >= maxDeliver && !protocol.AttemptRunning(ev.GetType()) &&
 		s.clk.Now().Sub(ev.GetTime().AsTime()) > ackWait
 }

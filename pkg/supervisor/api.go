@@ -205,7 +205,14 @@ func (s *Supervisor) apiJob(ctx context.Context, data []byte) (any, error) {
 	for _, j := range s.tracker.running(s.clk.Now()) {
 		if j.JobID == req.JobID {
 			res.Running = append(res.Running, j)
+			if j.Progress != nil && (res.Progress == nil || j.Progress.Time.After(res.Progress.Time)) {
+				res.Progress = j.Progress
+			}
 		}
+	}
+	if res.Progress == nil {
+		// Reported before a heartbeat listed it, or its agent went silent.
+		res.Progress = jetfleet.ProgressOfEvent(ev)
 	}
 	if res.Delayed, err = protocol.LookupDelayed(ctx, s.delayed, req.Queue, req.Kind, req.JobID); err != nil {
 		return nil, internal(err)

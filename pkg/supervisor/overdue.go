@@ -203,8 +203,8 @@ func (s *Supervisor) failAttempt(ctx context.Context, agent string, j *jetfleetp
 			return true // delivered again since
 		}
 		if prev.GetDelivered() == ack.Delivered {
-			switch prev.GetType() {
-			case protocol.EventStarted, protocol.EventTimedOut, protocol.EventRescued:
+			switch {
+			case protocol.AttemptRunning(prev.GetType()), prev.GetType() == protocol.EventTimedOut, prev.GetType() == protocol.EventRescued:
 			default:
 				return true // the attempt ended after all
 			}

@@ -158,9 +158,9 @@ func (t *tracker) rescueJob(ctx context.Context, agent string, a *agentView, j *
 	if prev != nil && prev.GetStreamSequence() == j.GetStreamSequence() {
 		settled := prev.GetDelivered() > ack.Delivered
 		if prev.GetDelivered() == ack.Delivered {
-			switch prev.GetType() {
-			case protocol.EventStarted:
-			case protocol.EventRescued:
+			switch {
+			case protocol.AttemptRunning(prev.GetType()): // started, progress: it still ran
+			case prev.GetType() == protocol.EventRescued:
 				settled = !t.isUnnaked(k) // NAKed by an earlier rescue, unless this replica held the NAK back
 			default:
 				settled = true

@@ -118,5 +118,8 @@ func runningJob(agent string, j *jetfleetpb.InFlightJob, state string) jetfleet.
 	if j.GetDeadline() != nil {
 		r.Deadline = j.GetDeadline().AsTime()
 	}
+	if j.GetProgressAt() != nil {
+		r.Progress = &jetfleet.Progress{Fraction: j.GetProgress(), Message: j.GetProgressMessage(), Time: j.GetProgressAt().AsTime()}
+	}
 	return r
 }

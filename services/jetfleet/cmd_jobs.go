@@ -127,7 +127,7 @@ func setupJobsList(fs *flag.FlagSet) action {
 
 func printRunning(out io.Writer, jobs []jetfleet.RunningJob, now time.Time) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "JOB\tQUEUE\tKIND\tAGENT\tATTEMPT\tDELIVERED\tRUNNING\tDEADLINE\tSTATE")
+	fmt.Fprintln(tw, "JOB\tQUEUE\tKIND\tAGENT\tATTEMPT\tDELIVERED\tRUNNING\tDEADLINE\tSTATE\tPROGRESS")
 	for _, j := range jobs {
 		running, deadline := "-", "-"
 		if !j.StartedAt.IsZero() {
@@ -136,8 +136,12 @@ func printRunning(out io.Writer, jobs []jetfleet.RunningJob, now time.Time) erro
 		if !j.Deadline.IsZero() {
 			deadline = j.Deadline.UTC().Format(time.RFC3339)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", j.JobID, j.Queue, j.Kind, j.AgentID, j.Attempt, j.Delivered,
-			running, deadline, j.State)
+		progress := "-"
+		if j.Progress != nil {
+			progress = truncate(j.Progress.String(), 60)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", j.JobID, j.Queue, j.Kind, j.AgentID, j.Attempt, j.Delivered,
+			running, deadline, j.State, progress)
 	}
 	return tw.Flush()
 }
@@ -179,7 +183,11 @@ func printJobDetail(out io.Writer, res *jetfleet.JobDetail) error {
 	if ev == nil {
 		fmt.Fprintln(tw, "STATE\t- (no event yet: queued, or no such job)")
 	} else {
-		fmt.Fprintf(tw, "STATE\t%s\n", ev.GetType())
+		state := ev.GetType()
+		if state == protocol.EventProgress {
+			state = jetfleet.StateRunning
+		}
+		fmt.Fprintf(tw, "STATE\t%s\n", state)
 		fmt.Fprintf(tw, "QUEUE\t%s\n", ev.GetQueue())
 		fmt.Fprintf(tw, "KIND\t%s\n", ev.GetKind())
 		fmt.Fprintf(tw, "ATTEMPT\t%d of %d\n", ev.GetAttempt(), ev.GetMaxAttempts())
@@ -197,6 +205,9 @@ func printJobDetail(out io.Writer, res *jetfleet.JobDetail) error {
 				fmt.Fprintf(tw, "%s\t%s\n", f[0], f[1])
 			}
 		}
+	}
+	if p := res.Progress; p != nil {
+		fmt.Fprintf(tw, "PROGRESS\t%s (reported %s)\n", p, p.Time.UTC().Format(time.RFC3339))
 	}
 	for _, r := range res.Running {
 		fmt.Fprintf(tw, "RUNNING ON\t%s (attempt %d, delivery %d, %s)\n", r.AgentID, r.Attempt, r.Delivered, r.State)

@@ -5,7 +5,8 @@
  * Threads:
  *   main        flags, connection, then the housekeeping loop: heartbeats
  *               (§3.4), +WPI for running jobs (§3.2), started events (§3.3),
- *               lost pull requests (§3.1), and stopping on SIGTERM (§3.7).
+ *               progress reports held back (§3.9), lost pull requests
+ *               (§3.1), and stopping on SIGTERM (§3.7).
  *   nats.c's    call on_pull_reply() for every message delivered to our pull
  *               inbox (§3.1) and on_control() for commands (§3.6).
  *   one per job process() takes a delivered job from its headers to its
@@ -105,6 +106,16 @@ struct job {
     int64_t last_progress;     /* monotonic: last +WPI or delivery */
     enum stop stop;
     char stop_text[256];
+    bool stop_dead_letter; /* a cancel that asks for a dead letter (§3.6) */
+
+    /* Progress (§3.9): the kind's latest report, and the progress events
+     * sent about this delivery. */
+    bool has_report, report_due; /* report_due: not sent yet (less than a second since the last) */
+    double report_fraction;
+    char report_message[PROGRESS_MESSAGE_MAX + 1];
+    int64_t report_at;      /* wall clock: when the kind reported it */
+    int64_t progress_sent;  /* monotonic: the last progress event; 0 before the first */
+    uint64_t progress_events;
 };
 
 static struct {
@@ -380,8 +391,9 @@ static void read_job(struct job *j)
 struct history {
     bool succeeded; /* succeeded or skipped_duplicate: only the ack was lost */
     bool dead;      /* the dead letter is stored: only the TERM was lost */
-    /* A failed or cancelled event without a dead one: the verdict whose dead
-     * letter could not be stored. */
+    bool cancelled; /* the cancelled event is stored: only the TERM was lost */
+    /* A failed event without a dead one: the verdict whose dead letter could
+     * not be stored. */
     bool verdict;
     char verdict_type[16], verdict_reason[64], verdict_code[64], verdict_error[4200]; /* errors are cut to 4 KiB (§3.5) */
     int verdict_attempt, verdict_max_attempts;
@@ -400,7 +412,7 @@ static const char *const history_types[] = {"succeeded", "skipped_duplicate", "f
 static void read_history(struct job *j, struct history *h)
 {
     int64_t last_error_at = 0;
-    bool failed_or_cancelled = false;
+    bool failed = false;
     memset(h, 0, sizeof(*h));
     for (size_t i = 0; i < sizeof(history_types) / sizeof(history_types[0]); i++) {
         const char *type = history_types[i];
@@ -442,8 +454,10 @@ static void read_history(struct job *j, struct history *h)
             h->succeeded = true;
         } else if (strcmp(type, "dead") == 0) {
             h->dead = true;
-        } else if ((strcmp(type, "failed") == 0 || strcmp(type, "cancelled") == 0) && !failed_or_cancelled) {
-            failed_or_cancelled = true;
+        } else if (strcmp(type, "cancelled") == 0) {
+            h->cancelled = true;
+        } else if (strcmp(type, "failed") == 0) {
+            failed = true;
             snprintf(h->verdict_type, sizeof(h->verdict_type), "%s", type);
             snprintf(h->verdict_error, sizeof(h->verdict_error), "%s", error);
             if (json_member(doc, n, "reason", &v))
@@ -457,7 +471,7 @@ static void read_history(struct job *j, struct history *h)
         }
         natsMsg_Destroy(m);
     }
-    h->verdict = failed_or_cancelled && !h->dead;
+    h->verdict = failed && !h->dead;
 }
 
 /* ------------------------------------------------------------------ */
@@ -469,6 +483,12 @@ typedef struct {
     int64_t duration; /* < 0: none */
     int64_t retry_in; /* < 0: none */
     uint32_t snoozes;
+    int64_t at; /* the event's time (wall clock); 0: now */
+    /* progress events (§3.9): the report, and which of the delivery's
+     * progress events this is (its message id) */
+    double progress;
+    const char *progress_message;
+    uint64_t progress_n;
 } event;
 
 static void event_json(jbuf *b, const struct job *j, const event *e)
@@ -481,7 +501,7 @@ static void event_json(jbuf *b, const struct job *j, const event *e)
     jb_int(b, "attempt", j->attempt);
     jb_int(b, "max_attempts", j->max_attempts);
     jb_str(b, "agent_id", A.id);
-    jb_time(b, "time", wall_ns());
+    jb_time(b, "time", e->at ? e->at : wall_ns());
     if (e->duration >= 0)
         jb_duration(b, "duration", e->duration);
     jb_str(b, "error", e->error);
@@ -496,6 +516,8 @@ static void event_json(jbuf *b, const struct job *j, const event *e)
     jb_time(b, "started_at", j->started);
     jb_int(b, "snoozes", e->snoozes);
     jb_u64(b, "delivered", j->ack.delivered);
+    jb_double(b, "progress", e->progress);
+    jb_str(b, "progress_message", e->progress_message);
     jb_end_object(b);
 }
 
@@ -524,10 +546,13 @@ static bool publish_event(const struct job *j, const event *e, bool wait)
     jb_init(&b);
     event_json(&b, j, e);
     snprintf(subject, sizeof(subject), "events.job.%s.%s.%s.%s", j->queue, j->kind, e->type, j->token);
-    /* §3.3: one id per event type and delivery (dead: one per job message),
-     * so a resend is stored once. */
+    /* §3.3: one id per event type and delivery (dead: one per job message;
+     * progress, §3.9: one per report), so a resend is stored once. */
     if (strcmp(e->type, "dead") == 0)
         snprintf(msg_id, sizeof(msg_id), "dead:dlq:JOBS:%" PRIu64, j->ack.stream_seq);
+    else if (strcmp(e->type, "progress") == 0)
+        snprintf(msg_id, sizeof(msg_id), "progress:JOBS:%" PRIu64 ":%" PRIu64 ":%" PRIu64, j->ack.stream_seq,
+                 j->ack.delivered, e->progress_n);
     else
         snprintf(msg_id, sizeof(msg_id), "%s:JOBS:%" PRIu64 ":%" PRIu64, e->type, j->ack.stream_seq, j->ack.delivered);
     s = b.failed ? NATS_NO_MEMORY : natsMsg_Create(&m, subject, NULL, b.buf, (int)b.len);
@@ -542,6 +567,17 @@ static bool publish_event(const struct job *j, const event *e, bool wait)
     return s == NATS_OK;
 }
 
+/* Whether subject is events.job.<queue>.<kind>.<type>.<job token> with that type. */
+static bool is_job_event_of_type(const char *subject, const char *type)
+{
+    const char *p = strncmp(subject, "events.job.", 11) == 0 ? subject + 11 : NULL;
+    for (int skip = 0; p && skip < 2; skip++) /* the queue and the kind */
+        if ((p = strchr(p, '.')))
+            p++;
+    size_t n = strlen(type);
+    return p && strncmp(p, type, n) == 0 && p[n] == '.';
+}
+
 /* Asynchronous publishes that failed: events are resent a few times (§3.3);
  * a lost heartbeat is simply replaced by the next one. */
 static void on_publish_error(jsCtx *js, jsPubAckErr *pae, void *closure)
@@ -551,6 +587,12 @@ static void on_publish_error(jsCtx *js, jsPubAckErr *pae, void *closure)
     (void)closure;
     if (strncmp(subject, "events.", 7) != 0)
         return;
+    if (is_job_event_of_type(subject, "progress")) {
+        /* §3.9: a resend could land after the job's outcome and become its
+         * status; the next report (or the outcome) says more anyway. */
+        log_warn("progress event %s not stored (%s); not sent again", subject, natsStatus_GetText(pae->Err));
+        return;
+    }
     natsMsgHeader_Get(pae->Msg, "Jetfleet-Publish-Try", &tries);
     int n = tries && atoi(tries) > 1 ? atoi(tries) : 1;
     if (n >= 5 || pae->ErrCode != 0) { /* a JetStream error will not go away by itself */
@@ -647,6 +689,24 @@ static void hand_back(struct job *j, int64_t delay, const char *reason)
     if (!publish_event(j, &e, true))
         log_warn("job %s: released event not stored; the next delivery counts an attempt", j->id);
     nak(j, delay);
+}
+
+/* §3.2: a cancel without a dead letter ends the run with the cancelled event
+ * (reason and error code cancelled), then +TERM cancelled once the event is
+ * stored; a redelivery that finds the event only TERMs (§3.3). */
+static void cancel_run(struct job *j, const char *error, int64_t took)
+{
+    event e = {.type = "cancelled", .reason = "cancelled", .error = error, .error_code = "cancelled",
+               .duration = took, .retry_in = -1, .snoozes = j->snoozes};
+    settle(j);
+    log_info("job %s: %s", j->id, error);
+    if (!publish_event(j, &e, true)) {
+        log_warn("job %s: cancelled event not stored; not terminated, JetStream delivers it again", j->id);
+        nak(j, UNSTORED_OUTCOME_DELAY);
+        return;
+    }
+    if (natsConnection_PublishString(A.nc, j->reply, "+TERM cancelled") != NATS_OK)
+        log_warn("job %s: TERM not sent; its redelivery finds the cancelled event and TERMs", j->id);
 }
 
 /* The DeadLetter document (§5.4). */
@@ -860,10 +920,11 @@ bool job_wait(job_run *run, int64_t ns)
     return running;
 }
 
-/* Answers a job told to stop: handed back, cancelled, or timed out by the
- * supervisor — a failed attempt with code timeout, retried while attempts
- * remain (§3.6, §7.1). */
-static void stopped(struct job *j, enum stop why, const char *text, int64_t took)
+/* Answers a job told to stop: handed back; cancelled — the cancelled event,
+ * or with dead_letter a dead letter (§3.2); or timed out by the supervisor —
+ * a failed attempt with code timeout, retried while attempts remain (§3.6,
+ * §7.1). */
+static void stopped(struct job *j, enum stop why, bool dead_letter_it, const char *text, int64_t took)
 {
     if (why == STOP_RELEASE)
         hand_back(j, 0, "agent stopping");
@@ -871,8 +932,52 @@ static void stopped(struct job *j, enum stop why, const char *text, int64_t took
         dead_letter(j, "max_attempts", "timeout", "failed", text, took);
     else if (why == STOP_TIMEOUT)
         retry(j, backoff_for(j), "timeout", text, took);
+    else if (dead_letter_it)
+        dead_letter(j, "cancelled", "cancelled", "failed", text, took);
     else
-        dead_letter(j, "cancelled", "cancelled", "cancelled", text, took);
+        cancel_run(j, text, took);
+}
+
+/* §3.8: whether bucket cancels holds a cancel of this job — a JobCancel whose
+ * job_id is the job's, stored (Nats-Time-Stamp, the server's clock) at or
+ * after the job message (the timestamp of its ack subject): a job id enqueued
+ * again after its cancel is another job. One direct get of the last message
+ * on $KV.cancels.<job token> (§1.2); a 404, or a deleted key, is none. */
+static bool cancel_requested(struct job *j, char *reason, size_t reasonsz, bool *dead_letter_it)
+{
+    char subject[JOB_TOKEN_MAX + 16], job_id[JOB_ID_MAX_BYTES + 1] = "";
+    jsDirectGetMsgOptions o;
+    natsMsg *m = NULL;
+    json_value v;
+    const char *op = NULL, *stamp = NULL;
+    int64_t stored = 0;
+
+    snprintf(subject, sizeof(subject), "$KV.cancels.%s", j->token);
+    jsDirectGetMsgOptions_Init(&o);
+    o.LastBySubject = subject;
+    natsStatus s = js_DirectGetMsg(&m, A.js, "KV_cancels", NULL, &o);
+    if (s == NATS_NOT_FOUND)
+        return false;
+    if (s != NATS_OK) {
+        log_warn("job %s: bucket cancels unreadable (%s); taken as no cancel", j->id, nats_err(s));
+        return false;
+    }
+    const char *doc = natsMsg_GetData(m);
+    size_t n = (size_t)natsMsg_GetDataLength(m);
+    bool found = (natsMsgHeader_Get(m, "KV-Operation", &op) != NATS_OK || !op || !*op) && /* not deleted or purged */
+                 natsMsgHeader_Get(m, "Nats-Time-Stamp", &stamp) == NATS_OK && stamp && parse_rfc3339(stamp, &stored) &&
+                 json_member(doc, n, "job_id", &v) && json_string(v, job_id, sizeof(job_id)) &&
+                 strcmp(job_id, j->id) == 0 && stored >= (int64_t)j->ack.timestamp_ns;
+    if (found) {
+        reason[0] = '\0';
+        if (json_member(doc, n, "reason", &v))
+            json_string(v, reason, reasonsz);
+        *dead_letter_it = false;
+        if (json_member(doc, n, "dead_letter", &v))
+            json_bool(v, dead_letter_it);
+    }
+    natsMsg_Destroy(m);
+    return found;
 }
 
 static void process(struct job *j)
@@ -905,10 +1010,11 @@ static void process(struct job *j)
         skip_duplicate(j);
         return;
     }
-    if (past.dead) {
+    if (past.dead || past.cancelled) {
+        /* The run is over (dead-lettered, or cancelled); only the TERM after it was lost. */
         settle(j);
-        log_info("job %s: dead letter already stored; terminating the redelivery", j->id);
-        if (natsConnection_PublishString(A.nc, j->reply, "+TERM dead letter already stored") != NATS_OK)
+        log_info("job %s: %s already stored; terminating the redelivery", j->id, past.dead ? "dead letter" : "cancelled event");
+        if (natsConnection_PublishString(A.nc, j->reply, past.dead ? "+TERM dead letter already stored" : "+TERM cancelled") != NATS_OK)
             log_warn("job %s: TERM not sent; JetStream delivers it again", j->id);
         return;
     }
@@ -919,6 +1025,19 @@ static void process(struct job *j)
         if (past.verdict_max_attempts > 0)
             j->max_attempts = past.verdict_max_attempts;
         dead_letter(j, past.verdict_reason, past.verdict_code, past.verdict_type, past.verdict_error, 0);
+        return;
+    }
+
+    /* §3.8: cancelled while it waited (queued, delayed, between attempts):
+     * end it without running it. */
+    char cancel_reason[256];
+    bool cancel_dead_letter = false;
+    if (cancel_requested(j, cancel_reason, sizeof(cancel_reason), &cancel_dead_letter)) {
+        snprintf(text, sizeof(text), "cancelled by command%s%s", cancel_reason[0] ? ": " : "", cancel_reason);
+        if (cancel_dead_letter)
+            dead_letter(j, "cancelled", "cancelled", "failed", text, 0);
+        else
+            cancel_run(j, text, 0);
         return;
     }
 
@@ -966,6 +1085,7 @@ static void process(struct job *j)
     lock();
     /* A command that came before the attempt started (§3.6) ends it now. */
     enum stop why = j->stop;
+    bool stop_dead_letter = j->stop_dead_letter;
     snprintf(text, sizeof(text), "%s", j->stop_text);
     if (why == RUN) {
         j->started = wall_ns();
@@ -974,7 +1094,7 @@ static void process(struct job *j)
     }
     unlock();
     if (why != RUN) {
-        stopped(j, why, text, 0);
+        stopped(j, why, stop_dead_letter, text, 0);
         return;
     }
 
@@ -984,10 +1104,11 @@ static void process(struct job *j)
 
     lock();
     why = j->stop;
+    stop_dead_letter = j->stop_dead_letter;
     snprintf(text, sizeof(text), "%s", j->stop_text);
     unlock();
     if (why != RUN) {
-        stopped(j, why, text, took);
+        stopped(j, why, stop_dead_letter, text, took);
         return;
     }
     const char *code = run.error_code ? run.error_code : "handler_error";
@@ -1054,6 +1175,9 @@ static void on_control(natsConnection *nc, natsSubscription *sub, natsMsg *msg, 
         json_string(v, job_id, sizeof(job_id));
     if (json_member(doc, n, "reason", &v))
         json_string(v, reason, sizeof(reason));
+    bool dead_letter_it = false;
+    if (json_member(doc, n, "dead_letter", &v))
+        json_bool(v, &dead_letter_it);
 
     bool timeout = strcmp(action, "timeout") == 0;
     const char *field = "";
@@ -1069,6 +1193,7 @@ static void on_control(natsConnection *nc, natsSubscription *sub, natsMsg *msg, 
         for (struct job *j = A.jobs; j; j = j->next)
             if (j->ready && !j->settled && j->stop == RUN && strcmp(j->id, job_id) == 0) {
                 j->stop = timeout ? STOP_TIMEOUT : STOP_CANCEL;
+                j->stop_dead_letter = !timeout && dead_letter_it;
                 snprintf(j->stop_text, sizeof(j->stop_text), "%s%s%s",
                          timeout ? "timed out by the supervisor" : "cancelled by command", reason[0] ? ": " : "", reason);
                 found = true;
@@ -1100,7 +1225,7 @@ static void on_control(natsConnection *nc, natsSubscription *sub, natsMsg *msg, 
 }
 
 /* ------------------------------------------------------------------ */
-/* Heartbeats (§3.4, §5.1) and progress (§3.2)                         */
+/* Heartbeats (§3.4, §5.1) and progress (§3.2, §3.9)                  */
 /* ------------------------------------------------------------------ */
 
 static void publish_heartbeat(void)
@@ -1140,6 +1265,11 @@ static void publish_heartbeat(void)
         jb_int(&b, "attempt", j->running ? j->attempt : 0);
         jb_time(&b, "started_at", j->started);
         jb_time(&b, "deadline", j->running ? j->deadline : 0);
+        if (j->running && j->has_report) { /* §3.9: the latest report */
+            jb_double(&b, "progress", j->report_fraction);
+            jb_str(&b, "progress_message", j->report_message);
+            jb_time(&b, "progress_at", j->report_at);
+        }
         jb_end_object(&b);
     }
     jb_end_array(&b);
@@ -1157,6 +1287,52 @@ static void publish_heartbeat(void)
     jb_free(&b);
 }
 
+/* §3.9: publishes the job's latest progress report — after the attempt's
+ * started event, so that its latest event is progress from now on — and
+ * sends +WPI. Call with A.mu held, for a running job not answered yet (the
+ * lock that settle() takes keeps it from following the job's outcome). */
+static void send_progress_locked(struct job *j)
+{
+    if (!j->started_event) {
+        event started = {.type = "started", .duration = -1, .retry_in = -1, .snoozes = j->snoozes};
+        j->started_event = true;
+        publish_event(j, &started, false);
+    }
+    event e = {.type = "progress", .duration = -1, .retry_in = -1, .snoozes = j->snoozes, .at = j->report_at,
+               .progress = j->report_fraction, .progress_message = j->report_message,
+               .progress_n = ++j->progress_events};
+    publish_event(j, &e, false);
+    natsConnection_PublishString(A.nc, j->reply, "+WPI");
+    j->progress_sent = j->last_progress = mono_ns();
+    j->report_due = false;
+}
+
+bool job_progress(job_run *run, double fraction, const char *message)
+{
+    struct job *j = run->job;
+    char clean[PROGRESS_MESSAGE_MAX + 1];
+    if (!(fraction >= 0 && fraction <= 1)) { /* NaN too: refused, never clamped */
+        log_warn("job %s: progress %g is not a number from 0 to 1; not reported", j->id, fraction);
+        return false;
+    }
+    progress_message(message ? message : "", clean);
+    lock();
+    if (j->running && !j->settled) {
+        j->has_report = true;
+        j->report_fraction = fraction;
+        memcpy(j->report_message, clean, sizeof(clean));
+        j->report_at = wall_ns();
+        /* At most one progress event a second: a report that comes sooner
+         * waits for housekeeping, and the latest one then is sent. */
+        if (j->progress_sent == 0 || mono_ns() - j->progress_sent >= NS_PER_SEC)
+            send_progress_locked(j);
+        else
+            j->report_due = true;
+    }
+    unlock();
+    return true;
+}
+
 /* Runs every tick on the main thread. */
 static void housekeeping(void)
 {
@@ -1165,6 +1341,10 @@ static void housekeeping(void)
     for (struct job *j = A.jobs; j; j = j->next) {
         if (!j->ready || j->settled)
             continue;
+        /* A progress report held back for its second (§3.9); one still due
+         * when the job is answered is dropped: the outcome is its status. */
+        if (j->report_due && j->running && now - j->progress_sent >= NS_PER_SEC)
+            send_progress_locked(j);
         /* +WPI at least every AckWait/3 while a job is held (§3.2). */
         if (now - j->last_progress >= A.ack_wait_ns / 3) {
             natsConnection_PublishString(A.nc, j->reply, "+WPI");

@@ -23,8 +23,27 @@ static job_result kind_fail(job_run *run)
     return JOB_RETRY;
 }
 
-/* sleep: the payload is a number of milliseconds to run for. A job that
- * needs longer than its timeout fails with error code "timeout". */
+/* Sleeps for ns of the want ns the job asked for, reporting its progress
+ * every second; false when the job is stopped meanwhile. */
+static bool sleep_reporting(job_run *run, int64_t ns, int64_t want)
+{
+    char message[96];
+    for (int64_t slept = 0; slept < ns;) {
+        int64_t step = ns - slept < NS_PER_SEC ? ns - slept : NS_PER_SEC;
+        if (!job_wait(run, step))
+            return false;
+        slept += step;
+        if (slept < ns) {
+            snprintf(message, sizeof(message), "slept %.0fs of %.3fs", (double)slept / 1e9, (double)want / 1e9);
+            job_progress(run, (double)slept / (double)want, message);
+        }
+    }
+    return true;
+}
+
+/* sleep: the payload is a number of milliseconds to run for, reporting its
+ * progress every second. A job that needs longer than its timeout fails with
+ * error code "timeout". */
 static job_result kind_sleep(job_run *run)
 {
     char text[32];
@@ -39,12 +58,12 @@ static job_result kind_sleep(job_run *run)
 
     int64_t want = (int64_t)ms * NS_PER_MS;
     if (want > run->timeout_ns) {
-        job_wait(run, run->timeout_ns);
+        sleep_reporting(run, run->timeout_ns, want);
         snprintf(run->error, sizeof(run->error), "attempt timed out after %.3fs", (double)run->timeout_ns / 1e9);
         run->error_code = "timeout";
         return JOB_RETRY;
     }
-    job_wait(run, want); /* when the job is stopped early, agent.c ignores what we return */
+    sleep_reporting(run, want, want); /* when the job is stopped early, agent.c ignores what we return */
     return JOB_OK;
 
 malformed:

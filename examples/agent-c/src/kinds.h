@@ -40,4 +40,11 @@ extern const char *const kind_names[];
  * stopping agent). Long jobs call it instead of sleeping. */
 bool job_wait(job_run *run, int64_t ns);
 
+/* Provided by agent.c: reports how far the job got (docs/protocol.md §3.9):
+ * fraction from 0 to 1 and a short message (cut to 256 bytes). Returns
+ * false, reporting nothing, for a fraction that is NaN or outside [0, 1].
+ * Report as often as you like: the agent publishes at most one progress
+ * event a second, the latest report, and extends the job's ack deadline. */
+bool job_progress(job_run *run, double fraction, const char *message);
+
 #endif

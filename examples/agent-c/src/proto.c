@@ -373,6 +373,27 @@ static size_t utf8_len(const unsigned char *p, size_t n)
     return len;
 }
 
+void progress_message(const char *in, char out[PROGRESS_MESSAGE_MAX + 1])
+{
+    const unsigned char *p = (const unsigned char *)in;
+    size_t n = strlen(in), o = 0;
+    for (size_t i = 0; i < n && o < PROGRESS_MESSAGE_MAX;) {
+        size_t l = p[i] < 0x80 ? 1 : utf8_len(p + i, n - i);
+        bool c1 = l == 2 && p[i] == 0xc2 && p[i + 1] < 0xa0; /* U+0080-U+009F */
+        if (l == 0 || (l == 1 && (p[i] < 0x20 || p[i] == 0x7f)) || c1) {
+            out[o++] = ' ';
+            i += l == 0 ? 1 : l;
+            continue;
+        }
+        if (o + l > PROGRESS_MESSAGE_MAX)
+            break; /* a character never straddles the limit */
+        memcpy(out + o, in + i, l);
+        o += l;
+        i += l;
+    }
+    out[o] = '\0';
+}
+
 /* Writes s as a JSON string; invalid UTF-8 becomes U+FFFD (documents hold
  * valid UTF-8, and headers or error messages may not). */
 static void jb_quote(jbuf *b, const char *s, size_t n)
@@ -483,6 +504,21 @@ void jb_int(jbuf *b, const char *key, int64_t v)
         return;
     jb_key(b, key);
     snprintf(num, sizeof(num), "%" PRId64, v);
+    jb_cstr(b, num);
+}
+
+void jb_double(jbuf *b, const char *key, double v)
+{
+    char num[40];
+    if (v == 0)
+        return;
+    jb_key(b, key);
+    /* The shortest of %.15g..%.17g that reads back as v: 0.4, not 0.40000000000000002. */
+    for (int digits = 15; digits <= 17; digits++) {
+        snprintf(num, sizeof(num), "%.*g", digits, v);
+        if (strtod(num, NULL) == v)
+            break;
+    }
     jb_cstr(b, num);
 }
 

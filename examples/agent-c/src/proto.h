@@ -78,6 +78,13 @@ void jb_bool(jbuf *b, const char *key, bool v);            /* omitted when false
 void jb_time(jbuf *b, const char *key, int64_t ns);        /* omitted when 0 */
 void jb_duration(jbuf *b, const char *key, int64_t ns);    /* always written */
 void jb_bytes(jbuf *b, const char *key, const void *p, size_t n); /* base64, omitted when empty */
+void jb_double(jbuf *b, const char *key, double v);        /* shortest form that reads back, omitted when 0; finite only */
+
+/* §3.9 A progress message: at most 256 bytes of valid UTF-8, cut on a
+ * character boundary, invalid bytes and control characters (C0, DEL, C1)
+ * replaced by spaces. */
+#define PROGRESS_MESSAGE_MAX 256
+void progress_message(const char *in, char out[PROGRESS_MESSAGE_MAX + 1]);
 
 /*
  * JSON reader, just enough for the documents an agent reads (a JobEvent, a

@@ -170,7 +170,14 @@ func (h *Handler) Run(ctx context.Context, job *agent.Job) error {
 		_, _ = stdinW.Write(job.Payload)
 		_ = stdinW.Close()
 	})
-	pipes.Go(func() { _, _ = io.Copy(out, outR) })
+	pipes.Go(func() {
+		// Lines that report progress are reported, not kept as output.
+		lines := &progressLines{out: out, report: func(fraction float64, message string) {
+			_ = agent.ReportProgress(ctx, fraction, message) // checked by ParseProgress; +WPI failures are the agent's to log
+		}}
+		_, _ = io.Copy(lines, outR)
+		lines.flush()
+	})
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 

@@ -480,3 +480,32 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 	_, err = command.New(command.Config{Command: plain})
 	assert.ErrorContains(t, err, "not an executable file")
 }
+
+// TestProgramReportsProgress: a program reports progress with
+// "::progress <fraction> <message>" lines on stdout or stderr; they become
+// progress events, not output. A line that does not read stays in the
+// output.
+func TestProgramReportsProgress(t *testing.T) {
+	t.Parallel()
+	// The program's work takes time: the agent publishes at most one
+	// progress event a second, so its reports are more than a second apart.
+	f := setup(t, agent.Config{}, map[string]command.Config{"resize": {
+		Command: "/bin/sh", Args: []string{"-c", `echo "::progress 0.25 image 1 of 4"; sleep 1.2
+printf '::progress 0.75 image 3 of 4\n' >&2; sleep 1.2
+echo "::progress lots"; echo done`},
+	}})
+	f.publish(t, protocol.Job{ID: "resize-1", Kind: "resize"})
+	ok := f.events.WaitFor(t, 30*time.Second, "resize-1", protocol.EventSucceeded)
+	var progress []*jetfleetpb.JobEvent
+	for _, ev := range f.events.All() {
+		if ev.GetType() == protocol.EventProgress {
+			progress = append(progress, ev)
+		}
+	}
+	require.Len(t, progress, 2, "events: %v", f.events.Of("resize-1"))
+	assert.Equal(t, 0.25, progress[0].GetProgress())
+	assert.Equal(t, "image 1 of 4", progress[0].GetProgressMessage())
+	assert.Equal(t, 0.75, progress[1].GetProgress())
+	assert.Equal(t, "image 3 of 4", progress[1].GetProgressMessage(), "a line on stderr reports too")
+	assert.Equal(t, "::progress lots\ndone\n", ok.GetOutputTail(), "progress lines are not output; a bad one is")
+}

@@ -61,4 +61,17 @@
 // agent's output_tail bytes, with a note of how much was dropped), which
 // events and dead letters carry. Notes of the handler about killed
 // processes are written there too, in [jetfleet: …] brackets.
+//
+// # Progress
+//
+// A program reports progress with a line of output (stdout or stderr) that
+// starts with "::progress " (agent.ProgressLinePrefix), then a fraction
+// from 0 to 1 and an optional message:
+//
+//	::progress 0.4 resizing image 4 of 10
+//
+// The handler passes it to agent.ReportProgress instead of the output tail.
+// A line with the prefix whose fraction does not read (or is outside
+// [0, 1]) stays in the output. Write each progress line in one write
+// (stdout and stderr share a pipe) and flush it.
 package command

@@ -24,6 +24,18 @@
 //
 // The status line and the start of the response body (up to max_response
 // bytes) go into the job's output tail, which events and dead letters carry.
+//
+// # Progress
+//
+// A slow endpoint reports progress with interim responses before its final
+// one: a 1xx status (102 Processing) with a Jetfleet-Progress header of a
+// fraction from 0 to 1 and an optional message,
+//
+//	HTTP/1.1 102 Processing
+//	Jetfleet-Progress: 0.4 resizing image 4 of 10
+//
+// which the handler passes to agent.ReportProgress. Proxies between the
+// agent and the endpoint may drop interim responses.
 package webhook
 
 import (
@@ -33,6 +45,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
 	"net/url"
 	"strconv"
 	"strings"
@@ -140,6 +154,10 @@ const (
 	HeaderAttemptKey     = "Jetfleet-Attempt-Key"
 )
 
+// HeaderProgress, on an interim (1xx) response, reports the job's progress:
+// "<fraction> <message>", such as "0.4 resizing image 4 of 10".
+const HeaderProgress = "Jetfleet-Progress"
+
 // Handler POSTs jobs to one URL. Use its Run method as the kind's
 // agent.Handler, and Close it once the agent has stopped.
 type Handler struct {
@@ -184,6 +202,13 @@ func (h *Handler) Run(ctx context.Context, job *agent.Job) error {
 			fmt.Errorf("request timed out after %s (request_timeout): %w", h.cfg.RequestTimeout, context.DeadlineExceeded))
 		defer cancel()
 	}
+	// Interim responses (102 Processing) may report progress.
+	reqCtx = httptrace.WithClientTrace(reqCtx, &httptrace.ClientTrace{
+		Got1xxResponse: func(_ int, header textproto.MIMEHeader) error {
+			reportProgress(ctx, job, header.Get(HeaderProgress))
+			return nil
+		},
+	})
 	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, h.cfg.URL, bytes.NewReader(job.Payload))
 	if err != nil {
 		return fmt.Errorf("http: %w", err)
@@ -212,6 +237,21 @@ func (h *Handler) Run(ctx context.Context, job *agent.Job) error {
 		}
 	}
 	return h.outcome(resp, time.Now())
+}
+
+// reportProgress reports the progress an interim response's
+// Jetfleet-Progress header says, if any; one that does not read is noted in
+// the job's output.
+func reportProgress(ctx context.Context, job *agent.Job, value string) {
+	if value == "" {
+		return
+	}
+	fraction, message, err := agent.ParseProgress(value)
+	if err != nil {
+		fmt.Fprintf(job.Output(), "[jetfleet: %s header ignored: %v]\n", HeaderProgress, err)
+		return
+	}
+	_ = agent.ReportProgress(ctx, fraction, message) // +WPI failures are the agent's to log
 }
 
 func (h *Handler) setHeaders(ctx context.Context, req *http.Request, job *agent.Job) {

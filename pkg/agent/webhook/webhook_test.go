@@ -18,6 +18,7 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
 	"github.com/jetfleet/jetfleet/pkg/natstest"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 	"github.com/jetfleet/jetfleet/pkg/topology"
 )
 
@@ -224,4 +225,38 @@ func TestConfigErrorsNameTheKey(t *testing.T) {
 		assert.ErrorContains(t, webhook.Config{URL: u}.Validate("h"), "config key h.url:", u)
 	}
 	assert.NoError(t, webhook.Config{URL: "https://user:pw@example.com/hook"}.Validate("h"))
+}
+
+// TestInterimResponsesReportProgress: an endpoint reports progress with 102
+// Processing responses carrying Jetfleet-Progress before its final one.
+func TestInterimResponsesReportProgress(t *testing.T) {
+	t.Parallel()
+	f := setup(t, webhook.Config{})
+	f.srv.on("slow-1", func(w http.ResponseWriter, r *http.Request) {
+		for _, v := range []string{"0.3 fetching", "soon", "0.6 rendering"} {
+			w.Header().Set(webhook.HeaderProgress, v)
+			w.WriteHeader(http.StatusProcessing)
+			// The endpoint's work takes time: the agent publishes at most
+			// one progress event a second.
+			time.Sleep(1100 * time.Millisecond)
+		}
+		w.Header().Del(webhook.HeaderProgress)
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, "rendered")
+	})
+	f.publish(t, protocol.Job{ID: "slow-1"})
+	ok := f.events.WaitFor(t, 30*time.Second, "slow-1", protocol.EventSucceeded)
+	var progress []*jetfleetpb.JobEvent
+	for _, ev := range f.events.All() {
+		if ev.GetType() == protocol.EventProgress {
+			progress = append(progress, ev)
+		}
+	}
+	require.Len(t, progress, 2, "events: %v", f.events.Of("slow-1"))
+	assert.Equal(t, 0.3, progress[0].GetProgress())
+	assert.Equal(t, "fetching", progress[0].GetProgressMessage())
+	assert.Equal(t, 0.6, progress[1].GetProgress())
+	assert.Equal(t, "rendering", progress[1].GetProgressMessage())
+	assert.Contains(t, ok.GetOutputTail(), `[jetfleet: Jetfleet-Progress header ignored: agent: invalid progress: "soon" is not a number from 0 to 1]`)
+	assert.Contains(t, ok.GetOutputTail(), "HTTP 200 OK\nrendered")
 }

@@ -206,9 +206,15 @@ type InFlightJob struct {
 	// When the agent will give up on the job (started_at + timeout).
 	Deadline *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=deadline,proto3" json:"deadline,omitempty"`
 	// Attempt number as the agent counts it (first attempt is 1).
-	Attempt       uint32 `protobuf:"varint,9,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Attempt uint32 `protobuf:"varint,9,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// The latest progress the job's handler reported (docs/protocol.md §3.9):
+	// a fraction from 0 to 1, a short message, and when. progress_at is absent
+	// while the handler has reported none.
+	Progress        float64                `protobuf:"fixed64,10,opt,name=progress,proto3" json:"progress,omitempty"`
+	ProgressMessage string                 `protobuf:"bytes,11,opt,name=progress_message,json=progressMessage,proto3" json:"progress_message,omitempty"`
+	ProgressAt      *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=progress_at,json=progressAt,proto3" json:"progress_at,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *InFlightJob) Reset() {
@@ -304,13 +310,34 @@ func (x *InFlightJob) GetAttempt() uint32 {
 	return 0
 }
 
+func (x *InFlightJob) GetProgress() float64 {
+	if x != nil {
+		return x.Progress
+	}
+	return 0
+}
+
+func (x *InFlightJob) GetProgressMessage() string {
+	if x != nil {
+		return x.ProgressMessage
+	}
+	return ""
+}
+
+func (x *InFlightJob) GetProgressAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ProgressAt
+	}
+	return nil
+}
+
 // JobEvent records one step of a job's life. Published to the EVENTS stream on
 // events.job.<queue>.<kind>.<type>.<job token>, so the latest event of a job
 // is its status (see docs/protocol.md).
 type JobEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// One of: started, succeeded, retrying, snoozed, released, failed,
-	// cancelled, dead, rescued, timed_out, skipped_duplicate.
+	// One of: started, progress, succeeded, retrying, snoozed, released,
+	// failed, cancelled, dead, rescued, timed_out, skipped_duplicate.
 	Type        string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
 	JobId       string                 `protobuf:"bytes,2,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
 	Queue       string                 `protobuf:"bytes,3,opt,name=queue,proto3" json:"queue,omitempty"`
@@ -344,9 +371,13 @@ type JobEvent struct {
 	// The last bytes of the job's output, on terminal and retrying events.
 	OutputTail string `protobuf:"bytes,20,opt,name=output_tail,json=outputTail,proto3" json:"output_tail,omitempty"`
 	// How many times JetStream delivered the message, this delivery included.
-	Delivered     uint64 `protobuf:"varint,21,opt,name=delivered,proto3" json:"delivered,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Delivered uint64 `protobuf:"varint,21,opt,name=delivered,proto3" json:"delivered,omitempty"`
+	// How far the attempt got, from 0 to 1, and what it is doing (at most 256
+	// bytes), on progress events (docs/protocol.md §3.9).
+	Progress        float64 `protobuf:"fixed64,22,opt,name=progress,proto3" json:"progress,omitempty"`
+	ProgressMessage string  `protobuf:"bytes,23,opt,name=progress_message,json=progressMessage,proto3" json:"progress_message,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *JobEvent) Reset() {
@@ -524,6 +555,20 @@ func (x *JobEvent) GetDelivered() uint64 {
 		return x.Delivered
 	}
 	return 0
+}
+
+func (x *JobEvent) GetProgress() float64 {
+	if x != nil {
+		return x.Progress
+	}
+	return 0
+}
+
+func (x *JobEvent) GetProgressMessage() string {
+	if x != nil {
+		return x.ProgressMessage
+	}
+	return ""
 }
 
 // ScheduleEvent records a scheduling decision. Published to the EVENTS stream
@@ -1620,7 +1665,7 @@ const file_jetfleet_v1_jetfleet_proto_rawDesc = "" +
 	" \x01(\bR\bdraining\x12,\n" +
 	"\x04jobs\x18\v \x03(\v2\x18.jetfleet.v1.InFlightJobR\x04jobs\x12\x1a\n" +
 	"\bsequence\x18\f \x01(\x04R\bsequence\x12\x14\n" +
-	"\x05kinds\x18\r \x03(\tR\x05kinds\"\xc7\x02\n" +
+	"\x05kinds\x18\r \x03(\tR\x05kinds\"\xcb\x03\n" +
 	"\vInFlightJob\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x14\n" +
 	"\x05queue\x18\x02 \x01(\tR\x05queue\x12\x12\n" +
@@ -1631,7 +1676,12 @@ const file_jetfleet_v1_jetfleet_proto_rawDesc = "" +
 	"\n" +
 	"started_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x126\n" +
 	"\bdeadline\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12\x18\n" +
-	"\aattempt\x18\t \x01(\rR\aattempt\"\xd9\x05\n" +
+	"\aattempt\x18\t \x01(\rR\aattempt\x12\x1a\n" +
+	"\bprogress\x18\n" +
+	" \x01(\x01R\bprogress\x12)\n" +
+	"\x10progress_message\x18\v \x01(\tR\x0fprogressMessage\x12;\n" +
+	"\vprogress_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"progressAt\"\xa0\x06\n" +
 	"\bJobEvent\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x14\n" +
@@ -1658,7 +1708,9 @@ const file_jetfleet_v1_jetfleet_proto_rawDesc = "" +
 	"\asnoozes\x18\x13 \x01(\rR\asnoozes\x12\x1f\n" +
 	"\voutput_tail\x18\x14 \x01(\tR\n" +
 	"outputTail\x12\x1c\n" +
-	"\tdelivered\x18\x15 \x01(\x04R\tdelivered\"\xbd\x02\n" +
+	"\tdelivered\x18\x15 \x01(\x04R\tdelivered\x12\x1a\n" +
+	"\bprogress\x18\x16 \x01(\x01R\bprogress\x12)\n" +
+	"\x10progress_message\x18\x17 \x01(\tR\x0fprogressMessage\"\xbd\x02\n" +
 	"\rScheduleEvent\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x1f\n" +
 	"\vschedule_id\x18\x02 \x01(\tR\n" +
@@ -1810,30 +1862,31 @@ var file_jetfleet_v1_jetfleet_proto_depIdxs = []int32{
 	1,  // 3: jetfleet.v1.Heartbeat.jobs:type_name -> jetfleet.v1.InFlightJob
 	13, // 4: jetfleet.v1.InFlightJob.started_at:type_name -> google.protobuf.Timestamp
 	13, // 5: jetfleet.v1.InFlightJob.deadline:type_name -> google.protobuf.Timestamp
-	13, // 6: jetfleet.v1.JobEvent.time:type_name -> google.protobuf.Timestamp
-	14, // 7: jetfleet.v1.JobEvent.duration:type_name -> google.protobuf.Duration
-	14, // 8: jetfleet.v1.JobEvent.retry_in:type_name -> google.protobuf.Duration
-	13, // 9: jetfleet.v1.JobEvent.nominal_time:type_name -> google.protobuf.Timestamp
-	13, // 10: jetfleet.v1.JobEvent.started_at:type_name -> google.protobuf.Timestamp
-	13, // 11: jetfleet.v1.ScheduleEvent.nominal_time:type_name -> google.protobuf.Timestamp
-	13, // 12: jetfleet.v1.ScheduleEvent.time:type_name -> google.protobuf.Timestamp
-	12, // 13: jetfleet.v1.DeadLetter.headers:type_name -> jetfleet.v1.DeadLetter.HeadersEntry
-	13, // 14: jetfleet.v1.DeadLetter.failed_at:type_name -> google.protobuf.Timestamp
-	13, // 15: jetfleet.v1.JobCancel.requested_at:type_name -> google.protobuf.Timestamp
-	13, // 16: jetfleet.v1.QueueEvent.time:type_name -> google.protobuf.Timestamp
-	14, // 17: jetfleet.v1.QueueEvent.window:type_name -> google.protobuf.Duration
-	13, // 18: jetfleet.v1.QueueEvent.until:type_name -> google.protobuf.Timestamp
-	13, // 19: jetfleet.v1.Alert.time:type_name -> google.protobuf.Timestamp
-	14, // 20: jetfleet.v1.Execution.duration:type_name -> google.protobuf.Duration
-	13, // 21: jetfleet.v1.Execution.started_at:type_name -> google.protobuf.Timestamp
-	13, // 22: jetfleet.v1.Execution.finished_at:type_name -> google.protobuf.Timestamp
-	13, // 23: jetfleet.v1.Execution.nominal_time:type_name -> google.protobuf.Timestamp
-	5,  // 24: jetfleet.v1.DeadLetter.HeadersEntry.value:type_name -> jetfleet.v1.HeaderValues
-	25, // [25:25] is the sub-list for method output_type
-	25, // [25:25] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	13, // 6: jetfleet.v1.InFlightJob.progress_at:type_name -> google.protobuf.Timestamp
+	13, // 7: jetfleet.v1.JobEvent.time:type_name -> google.protobuf.Timestamp
+	14, // 8: jetfleet.v1.JobEvent.duration:type_name -> google.protobuf.Duration
+	14, // 9: jetfleet.v1.JobEvent.retry_in:type_name -> google.protobuf.Duration
+	13, // 10: jetfleet.v1.JobEvent.nominal_time:type_name -> google.protobuf.Timestamp
+	13, // 11: jetfleet.v1.JobEvent.started_at:type_name -> google.protobuf.Timestamp
+	13, // 12: jetfleet.v1.ScheduleEvent.nominal_time:type_name -> google.protobuf.Timestamp
+	13, // 13: jetfleet.v1.ScheduleEvent.time:type_name -> google.protobuf.Timestamp
+	12, // 14: jetfleet.v1.DeadLetter.headers:type_name -> jetfleet.v1.DeadLetter.HeadersEntry
+	13, // 15: jetfleet.v1.DeadLetter.failed_at:type_name -> google.protobuf.Timestamp
+	13, // 16: jetfleet.v1.JobCancel.requested_at:type_name -> google.protobuf.Timestamp
+	13, // 17: jetfleet.v1.QueueEvent.time:type_name -> google.protobuf.Timestamp
+	14, // 18: jetfleet.v1.QueueEvent.window:type_name -> google.protobuf.Duration
+	13, // 19: jetfleet.v1.QueueEvent.until:type_name -> google.protobuf.Timestamp
+	13, // 20: jetfleet.v1.Alert.time:type_name -> google.protobuf.Timestamp
+	14, // 21: jetfleet.v1.Execution.duration:type_name -> google.protobuf.Duration
+	13, // 22: jetfleet.v1.Execution.started_at:type_name -> google.protobuf.Timestamp
+	13, // 23: jetfleet.v1.Execution.finished_at:type_name -> google.protobuf.Timestamp
+	13, // 24: jetfleet.v1.Execution.nominal_time:type_name -> google.protobuf.Timestamp
+	5,  // 25: jetfleet.v1.DeadLetter.HeadersEntry.value:type_name -> jetfleet.v1.HeaderValues
+	26, // [26:26] is the sub-list for method output_type
+	26, // [26:26] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_jetfleet_v1_jetfleet_proto_init() }
