@@ -236,7 +236,7 @@ func ExampleClient_ReplayDeadLetters() {
 	if err != nil {
 		panic(err)
 	}
-	job, err := client.Wait(ctx, replay.Results[0].JobID)
+	job, err := client.Wait(ctx, replay.Results[0].JobID, jetfleet.WaitForSequence(replay.Results[0].JobSequence))
 	if err != nil {
 		panic(err)
 	}

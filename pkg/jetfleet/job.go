@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetfleet/jetfleet/pkg/protocol"
@@ -141,44 +140,67 @@ func (e *JobFailedError) Error() string {
 	return msg
 }
 
+// WaitOption narrows what Wait waits for.
+type WaitOption func(*waitFor)
+
+type waitFor struct{ seq uint64 }
+
+// WaitForSequence waits for the run of the job message at seq in JOBS
+// (EnqueueResult.Sequence, ReplayResult.JobSequence): a job id enqueued
+// again, or a replayed dead letter, is a new run whose events are told
+// apart from the earlier run's by this sequence.
+func WaitForSequence(seq uint64) WaitOption { return func(w *waitFor) { w.seq = seq } }
+
 // Wait waits until the job's run is over and returns its final status; a
-// dead job also returns a *JobFailedError. It watches the job's events as
-// they are published, so it returns at once when the run ends; ctx bounds
-// the wait.
-func (c *Client) Wait(ctx context.Context, id string) (*JobInfo, error) {
+// dead job also returns a *JobFailedError. It follows the job's stored
+// events (an ordered consumer: the latest of each type, then every new one
+// in stream order), so no event falls between reading the state and
+// following it. Without WaitForSequence, the latest run is meant: the
+// latest event once the stored ones are read.
+func (c *Client) Wait(ctx context.Context, id string, opts ...WaitOption) (*JobInfo, error) {
 	if err := protocol.ValidateJobID(id); err != nil {
 		return nil, protocol.FieldError("job_id", "%v", err)
 	}
-	events := make(chan *nats.Msg, 64)
-	// Subscribe first, then read the latest event: nothing can fall in between.
-	sub, err := c.nc.ChanSubscribe(protocol.JobEventsOfID(id), events)
+	var w waitFor
+	for _, o := range opts {
+		o(&w)
+	}
+	cons, err := c.js.OrderedConsumer(ctx, protocol.StreamEvents, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{protocol.JobEventsOfID(id)},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("wait for job %s: %w", id, err)
 	}
-	defer func() { _ = sub.Unsubscribe() }()
-	if err := c.nc.FlushWithContext(ctx); err != nil {
+	it, err := cons.Messages()
+	if err != nil {
 		return nil, fmt.Errorf("wait for job %s: %w", id, err)
 	}
-	info, err := c.Job(ctx, id)
+	defer it.Stop()
+	var info *JobInfo
 	for {
-		switch {
-		case err == nil && info.Done():
-			if info.State == protocol.EventDead {
-				return info, &JobFailedError{Job: info}
+		m, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			if ctx.Err() != nil {
+				err = ctx.Err()
 			}
-			return info, nil
-		case err != nil && !isNotFound(err):
-			return info, err
+			return info, fmt.Errorf("wait for job %s: %w", id, err)
 		}
-		select {
-		case <-ctx.Done():
-			return info, fmt.Errorf("wait for job %s: %w", id, ctx.Err())
-		case m := <-events:
-			var ev jetfleetpb.JobEvent
-			if protocol.Unmarshal(m.Data, &ev) == nil {
-				info, err = jobInfo(&ev), nil
-			}
+		var ev jetfleetpb.JobEvent
+		if protocol.Unmarshal(m.Data(), &ev) != nil || (w.seq != 0 && ev.GetStreamSequence() != w.seq) {
+			continue
 		}
+		info = jobInfo(&ev)
+		if meta, err := m.Metadata(); err == nil && meta.NumPending > 0 {
+			continue // a later stored event follows: judge by the latest
+		}
+		if !info.Done() {
+			continue
+		}
+		if info.State == protocol.EventDead {
+			return info, &JobFailedError{Job: info}
+		}
+		return info, nil
 	}
 }
 
