@@ -113,3 +113,11 @@ func TrendStatusSubject(series string) string { return "jetfleet.trends.status."
 func TrendEventSubject(series, eventType string) string {
 	return "events.trend." + series + "." + eventType
 }
+
+// AlertLogSubjects matches the alerts the supervisor keeps in stream
+// SUPERVISOR (the last supervisor.history_size of each incident key), newest
+// last: what the dashboard shows as recent alerts.
+const AlertLogSubjects = "jetfleet.supervisor.alerts.>"
+
+// AlertLogSubject is where the supervisor keeps the alerts of incident key.
+func AlertLogSubject(key string) string { return "jetfleet.supervisor.alerts." + JobToken(key) }
