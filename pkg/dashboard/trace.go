@@ -44,8 +44,8 @@ type jaegerTrace struct {
 				RefType string `json:"refType"`
 				SpanID  string `json:"spanID"`
 			} `json:"references"`
-			StartTime int64 `json:"startTime"` // µs since the epoch
-			Duration  int64 `json:"duration"`  // µs
+			StartTime int64  `json:"startTime"` // µs since the epoch
+			Duration  int64  `json:"duration"`  // µs
 			ProcessID string `json:"processID"`
 			Tags      []struct {
 				Key   string `json:"key"`

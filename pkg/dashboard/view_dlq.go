@@ -11,9 +11,9 @@ import (
 )
 
 type dlqListBody struct {
-	Filter  filter
-	Letters []jetfleet.DeadLetterEntry
-	Next    uint64
+	Filter   filter
+	Letters  []jetfleet.DeadLetterEntry
+	Next     uint64
 	Filtered bool
 }
 
