@@ -105,6 +105,8 @@ func newHub(d *Dashboard) *hub {
 // bucket watches; run (a goroutine) fans out and samples.
 func (h *hub) start(ctx context.Context) error {
 	h.started = time.Now()
+	ctx, cancel := context.WithTimeout(ctx, 3*h.d.cfg.RequestTimeout)
+	defer cancel()
 	for subject, fn := range map[string]nats.MsgHandler{
 		protocol.EventsSubjects: h.onEvent,
 		protocol.AlertsSubjects: h.onAlert,
