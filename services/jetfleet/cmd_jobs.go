@@ -17,13 +17,13 @@ func init() {
 }
 
 var jobsCommands = map[string]subcommand{
-	"ls":      {"[-queue q] [-kind k] [-agent id]", "List the jobs agents run now, from their heartbeats.", runJobsList},
+	"ls":      {"[-state s] [-queue q] [-kind k] [-agent id] [-schedule id] [-since t] [-until t]", "List the jobs agents run now, from their heartbeats; with -state, the jobs in a state (queued, delayed, running, failed, succeeded, dead).", runJobsList},
 	"get":     {"[-queue q -kind k] <job id>", "Print a job's status: its latest event, and where it runs now.", runJobsGet},
 	"history": {"-kind k [-queue q] | -schedule id", "Print the last executions of a job kind or a schedule, and their statistics.", runJobsHistory},
 }
 
 func runJobs(ctx context.Context, args []string, out io.Writer) error {
-	return runSubcommand(ctx, "jobs", []string{"ls", "get", "history"}, jobsCommands, args, out)
+	return runSubcommand(ctx, "jobs", []string{"ls", "get", "history", "trends"}, jobsCommands, args, out)
 }
 
 func runJobsList(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
@@ -32,12 +32,16 @@ func runJobsList(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []
 	fs.StringVar(&req.Kind, "kind", "", "only jobs of this `kind`")
 	fs.StringVar(&req.AgentID, "agent", "", "only jobs of this agent `id`")
 	asJSON := fs.Bool("json", false, "print JSON")
+	st := addStateFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() != 0 {
 		fs.Usage()
 		return errUsage
+	}
+	if st.state != "" {
+		return runJobsByState(ctx, cf, req, st, *asJSON, out)
 	}
 	c, api, err := connectSupervisor(cf)
 	if err != nil {
