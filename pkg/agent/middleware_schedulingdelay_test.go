@@ -25,7 +25,7 @@ func TestSchedulingDelayMeasuresToTheHandlersStart(t *testing.T) {
 	for _, job := range []*agent.Job{
 		{Queue: "reports", Kind: "daily", ScheduleID: "nightly", NominalTime: nominal, Attempt: 1, Delivered: 1},
 		{Queue: "reports", Kind: "daily", ScheduleID: "nightly", NominalTime: nominal, Attempt: 2, Delivered: 2}, // a retry
-		{Queue: "reports", Kind: "daily", Attempt: 1, Delivered: 1},                                               // not scheduled
+		{Queue: "reports", Kind: "daily", Attempt: 1, Delivered: 1},                                              // not scheduled
 	} {
 		require.NoError(t, h(context.Background(), job))
 	}
