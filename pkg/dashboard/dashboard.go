@@ -111,7 +111,7 @@ func (d *Dashboard) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := d.hub.start(ctx); err != nil {
+	if err := d.hub.start(ctx, runCtx); err != nil {
 		_ = d.Stop(context.WithoutCancel(ctx))
 		return fmt.Errorf("dashboard: subscribe: %w", err)
 	}

@@ -103,7 +103,8 @@ func newHub(d *Dashboard) *hub {
 
 // start subscribes, loads the recent alerts and fires, and starts the
 // bucket watches; run (a goroutine) fans out and samples.
-func (h *hub) start(ctx context.Context) error {
+// The watches live as long as runCtx; ctx bounds the start.
+func (h *hub) start(ctx, runCtx context.Context) error {
 	h.started = time.Now()
 	ctx, cancel := context.WithTimeout(ctx, 3*h.d.cfg.RequestTimeout)
 	defer cancel()
@@ -130,7 +131,7 @@ func (h *hub) start(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		w, err := kv.WatchAll(ctx)
+		w, err := kv.WatchAll(runCtx)
 		if err != nil {
 			return err
 		}

@@ -122,8 +122,9 @@ func (d *Dashboard) authenticate(next http.Handler) http.Handler {
 // refuse answers a request without valid credentials: 401, with the login
 // form for a browser.
 func (d *Dashboard) refuse(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("WWW-Authenticate", `Basic realm="jetfleet dashboard", charset="UTF-8"`)
 	if r.Header.Get("Authorization") != "" || !strings.Contains(r.Header.Get("Accept"), "text/html") {
+		// Not to a browser, whose own dialog would hide the login form.
+		w.Header().Set("WWW-Authenticate", `Basic realm="jetfleet dashboard", charset="UTF-8"`)
 		http.Error(w, "401 unauthorized: log in (a session cookie, basic credentials or a bearer token)", http.StatusUnauthorized)
 		return
 	}
