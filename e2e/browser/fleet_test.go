@@ -17,6 +17,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/nats-io/nats.go"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -99,10 +100,14 @@ func newStack(t *testing.T) *stack {
 	})
 	st.fleet, st.url = fleet, fleet.DashboardURL()
 	st.nc = natstest.ConnectURL(t, fleet.ClientURL())
-	st.client = jetfleet.NewClient(st.nc)
+	// This test's client and agent trace into the same exporter as the fleet.
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	st.client = jetfleet.NewClient(st.nc, jetfleet.WithTracerProvider(tp))
 
 	// The reports agent: kinds report (fast or slow) and flaky (broken or not).
-	a, err := agent.New(st.nc, agent.Config{ID: "reports-agent", Queues: []string{"reports"}, HeartbeatInterval: 250 * time.Millisecond})
+	a, err := agent.New(st.nc, agent.Config{ID: "reports-agent", Queues: []string{"reports"}, HeartbeatInterval: 250 * time.Millisecond},
+		agent.WithTracerProvider(tp))
 	must(t, err)
 	must(t, a.Register("report", func(ctx context.Context, job *agent.Job) error {
 		d := 10 * time.Millisecond

@@ -148,17 +148,22 @@ func durationChart(slots []*jetfleet.TrendBucket, start time.Time, step time.Dur
 		class string
 		v     func(*jetfleet.TrendBucket) time.Duration
 	}{{"p50", (*jetfleet.TrendBucket).P50}, {"p95", (*jetfleet.TrendBucket).P95}, {"delay", (*jetfleet.TrendBucket).DelayP95}} {
+		// A line joins adjacent buckets only: a gap (no run) breaks it.
 		var pts []string
+		flush := func() {
+			if len(pts) > 1 {
+				fmt.Fprintf(&sb, `<polyline class="%s" points="%s"/>`, line.class, strings.Join(pts, " "))
+			}
+			pts = pts[:0]
+		}
 		for i, b := range slots {
 			if b == nil || b.Runs == 0 || (line.class == "delay" && b.Delays.Count() == 0) {
+				flush()
 				continue
 			}
 			pts = append(pts, fmt.Sprintf("%.1f,%.1f", padL+(float64(i)+0.5)*bw, y(line.v(b))))
 		}
-		if len(pts) == 0 {
-			continue
-		}
-		fmt.Fprintf(&sb, `<polyline class="%s" points="%s"/>`, line.class, strings.Join(pts, " "))
+		flush()
 		for i, b := range slots {
 			if b == nil || b.Runs == 0 || (line.class == "delay" && b.Delays.Count() == 0) {
 				continue
@@ -189,8 +194,12 @@ func axes(sb *strings.Builder, maxV float64, unit string, slots []*jetfleet.Tren
 	}
 	n := len(slots)
 	bw := (chartW - padL) / float64(n)
-	for _, k := range []int{0, n / 3, 2 * n / 3, n - 1} {
-		fmt.Fprintf(sb, `<text class="tlabel" x="%.1f" y="%.0f">%s</text>`, padL+float64(k)*bw, chartH-4,
+	for _, k := range []int{0, n / 3, 2 * n / 3, n} {
+		class := "tlabel"
+		if k == n {
+			class = "tlabel end" // the end of the span, at the right edge
+		}
+		fmt.Fprintf(sb, `<text class="%s" x="%.1f" y="%.0f">%s</text>`, class, padL+float64(k)*bw, chartH-4,
 			template.HTMLEscapeString(label(start.Add(time.Duration(k)*step), step)))
 	}
 }

@@ -82,6 +82,13 @@ var funcs = template.FuncMap{
 		}
 		return string(b)
 	},
+	// trace is a trace id worth linking: not empty, not all zeros.
+	"trace": func(id string) string {
+		if strings.Trim(id, "0") == "" {
+			return ""
+		}
+		return id
+	},
 	"states": func() []string {
 		return []string{"queued", "delayed", "running", "failed", "succeeded", "dead"}
 	},

@@ -43,7 +43,7 @@ func FuzzParseFilter(f *testing.F) {
 
 func TestCronWords(t *testing.T) {
 	for spec, want := range map[string]string{
-		"30 2 * * *": "every day at 02:30", "*/5 * * * *": "every 5 minutes", "0 * * * *": "every hour at minute 0",
+		"30 2 * * *": "every day at 02:30", "*/5 * * * *": "every 5 minutes", "0 * * * *": "every hour, on the hour", "5 * * * *": "every hour at minute 5",
 		"0 9 * * 1-5": "every weekday at 09:00", "0 9 * * 1": "every Monday at 09:00", "*/10 * * * * *": "every 10 seconds",
 		"@daily": "every day at 00:00", "@every 90s": "every 90s", "0 0 1 1 *": "cron 0 0 1 1 *", "15 3 1 * *": "on day 1 of every month at 03:15",
 	} {

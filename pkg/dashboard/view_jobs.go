@@ -72,6 +72,8 @@ type eventRow struct {
 	Reason   string
 	Seq      uint64
 	Delivery uint64
+	// ShowError: the error differs from the previous event's.
+	ShowError bool
 	// Action is set for an operator action.
 	Action  bool
 	Actor   string
@@ -159,6 +161,13 @@ func (d *Dashboard) jobData(ctx context.Context, id string) (*jobBody, error) {
 		}
 	}
 	sort.SliceStable(b.Events, func(i, j int) bool { return b.Events[i].Seq < b.Events[j].Seq })
+	prevErr := ""
+	for i := range b.Events {
+		if e := &b.Events[i]; !e.Action {
+			e.ShowError = e.Error != "" && e.Error != prevErr
+			prevErr = e.Error
+		}
+	}
 	detail, err := d.client.JobDetail(ctx, jetfleet.JobDetailRequest{JobID: id})
 	switch {
 	case err == nil:

@@ -111,6 +111,9 @@ func cronWords(spec string) string {
 		return "cron " + spec
 	}
 	if hour == "*" && dom == "*" && dow == "*" {
+		if m == 0 && s == 0 {
+			return "every hour, on the hour"
+		}
 		return fmt.Sprintf("every hour at minute %d", m)
 	}
 	h, hok := num(hour)
@@ -148,6 +151,8 @@ func fmtDur(d time.Duration) string {
 		return "0"
 	case d < time.Millisecond:
 		return fmt.Sprintf("%dµs", d.Microseconds())
+	case d < 10*time.Millisecond:
+		return strings.TrimSuffix(fmt.Sprintf("%.1f", float64(d)/float64(time.Millisecond)), ".0") + "ms"
 	case d < time.Second:
 		return fmt.Sprintf("%dms", d.Milliseconds())
 	case d < time.Minute:
