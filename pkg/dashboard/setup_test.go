@@ -2,10 +2,12 @@ package dashboard_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -21,7 +23,19 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/natstest"
 )
 
-func TestMain(m *testing.M) { natstest.VerifyNoLeaks(m) }
+// TestMain runs the tests and benchmarks, stops the benchmarks' fleet, and
+// fails on goroutines left over.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	stopBenchFleet()
+	if code == 0 {
+		if err := natstest.FindLeaks(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 // bundle is a whole dev fleet in this process (embedded NATS, scheduler,
 // supervisor, the dev agent with kinds echo, sleep and fail) and a
@@ -153,3 +167,5 @@ func containsAll(body string, parts ...string) bool {
 	}
 	return true
 }
+
+func tempDir() (string, error) { return os.MkdirTemp("", "jetfleet-dashboard-bench-") }
