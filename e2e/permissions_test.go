@@ -710,18 +710,24 @@ func dashboardLogin(t *testing.T, base, user, password string) *http.Client {
 }
 
 func dashboardGet(c *http.Client, u string) error {
+	_, err := dashboardBody(c, u)
+	return err
+}
+
+// dashboardBody fetches a page as a browser does; anything but 200 is an error.
+func dashboardBody(c *http.Client, u string) (string, error) {
 	req, _ := http.NewRequest(http.MethodGet, u, nil)
 	req.Header.Set("Accept", "text/html")
 	res, err := c.Do(req)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer res.Body.Close()
 	body, _ := io.ReadAll(res.Body)
 	if res.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s: %.300s", u, res.Status, body)
+		return "", fmt.Errorf("GET %s: %s: %.300s", u, res.Status, body)
 	}
-	return nil
+	return string(body), nil
 }
 
 // dashboardAction posts form (url-encoded) to action with the CSRF token
