@@ -112,7 +112,7 @@ func buildBenchFleet(b *testing.B) (string, error) {
 	}
 	b.Logf("%d schedules added in %s", benchSchedules, time.Since(start).Round(time.Millisecond))
 	// 100 agents heartbeating (each answers its control subject).
-	js, _ := jetstream.New(nc)
+	js, _ := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(8192))
 	kv, err := js.KeyValue(ctx, protocol.BucketAgents)
 	if err != nil {
 		return "", err
@@ -154,7 +154,7 @@ func buildBenchFleet(b *testing.B) (string, error) {
 		if _, err := js.PublishAsync(protocol.JobEventSubject(ev.GetQueue(), ev.GetKind(), typ, ev.GetJobId()), data); err != nil {
 			return "", err
 		}
-		if n%50_000 == 49_999 {
+		if n%4096 == 4095 {
 			select {
 			case <-js.PublishAsyncComplete():
 			case <-time.After(time.Minute):
