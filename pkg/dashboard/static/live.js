@@ -36,9 +36,12 @@
 
   main.addEventListener('focusout', function () { if (again) { again = false; setTimeout(refresh, 300); } });
   var es = new EventSource('/live?topics=' + encodeURIComponent(main.dataset.live));
+  // On every (re)connection, refresh once: what changed between the page's
+  // rendering (or the lost connection) and now reached no one.
   es.addEventListener('hello', function () {
     if (badge) { badge.hidden = false; badge.textContent = 'live'; badge.className = 'livebadge'; }
     main.dataset.live_connected = 'yes';
+    refresh();
   });
   es.addEventListener('refresh', refresh);
   es.onerror = function () {
