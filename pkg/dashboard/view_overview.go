@@ -3,8 +3,10 @@ package dashboard
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"sort"
+	"sync"
 
 	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/lease"
@@ -57,27 +59,32 @@ func (d *Dashboard) overview(w http.ResponseWriter, r *http.Request) {
 func (d *Dashboard) overviewData(ctx context.Context) (*overviewBody, error) {
 	now := d.now()
 	b := &overviewBody{}
-	st, err := d.client.Status(ctx)
-	if err != nil {
+	// The calls go out at once: the page waits for the slowest, not the sum.
+	var (
+		wg                         sync.WaitGroup
+		st                         *jetfleet.FleetStatus
+		agents                     *jetfleet.AgentsResponse
+		running                    *jetfleet.RunningJobsResponse
+		trends                     *jetfleet.TrendListResponse
+		stErr, agErr, runErr, tErr error
+	)
+	wg.Go(func() { st, stErr = d.client.Status(ctx) })
+	wg.Go(func() { agents, agErr = d.client.Agents(ctx) })
+	wg.Go(func() { running, runErr = d.client.RunningJobs(ctx, jetfleet.RunningJobsRequest{}) })
+	wg.Go(func() { trends, tErr = d.client.TrendList(ctx) })
+	wg.Go(func() { b.SchedulerLeader = d.leaseHolder(ctx, "scheduler") })
+	wg.Wait()
+	if err := errors.Join(stErr, agErr, runErr); err != nil {
 		return nil, err
 	}
 	b.Status = st
 	b.SupervisorLeader = st.Leader
-	b.SchedulerLeader = d.leaseHolder(ctx, "scheduler")
-	agents, err := d.client.Agents(ctx)
-	if err != nil {
-		return nil, err
-	}
 	for _, a := range agents.Agents {
 		if a.State == jetfleet.AgentDead {
 			b.Dead = append(b.Dead, a)
 		} else {
 			b.Alive = append(b.Alive, a)
 		}
-	}
-	running, err := d.client.RunningJobs(ctx, jetfleet.RunningJobsRequest{})
-	if err != nil {
-		return nil, err
 	}
 	perQueue := map[string]int{}
 	for _, j := range running.Jobs {
@@ -98,8 +105,8 @@ func (d *Dashboard) overviewData(ctx context.Context) (*overviewBody, error) {
 	sort.Slice(b.DLQByReason, func(i, j int) bool { return b.DLQByReason[i].N > b.DLQByReason[j].N })
 	b.Alerts = firstN(d.hub.recentAlerts(), 10)
 	b.Fires = firstN(d.hub.recentFires(), 10)
-	if tl, err := d.client.TrendList(ctx); err == nil {
-		for _, s := range tl.Series {
+	if tErr == nil {
+		for _, s := range trends.Series {
 			if s.Degrading {
 				b.Degrading = append(b.Degrading, s)
 			}

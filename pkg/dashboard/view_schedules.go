@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jetfleet/jetfleet/pkg/jetfleet"
@@ -61,14 +62,25 @@ func (d *Dashboard) scheduleListData(ctx context.Context, f filter) (*scheduleLi
 		limit = d.cfg.PageSize
 	}
 	ids := d.hub.scheduleIDs()
+	q := strings.ToLower(f.Q)
+	// The definitions, read once under the hub's lock (filters only).
+	var defs map[string]*jetfleet.Schedule
+	if f.Queue != "" || f.Kind != "" || f.Paused != "" {
+		d.hub.mu.Lock()
+		defs = make(map[string]*jetfleet.Schedule, len(d.hub.schedules))
+		for id, s := range d.hub.schedules {
+			defs[id] = s
+		}
+		d.hub.mu.Unlock()
+	}
 	match := func(id string) bool {
-		if f.Q != "" && !strings.Contains(strings.ToLower(id), strings.ToLower(f.Q)) {
+		if q != "" && !strings.Contains(strings.ToLower(id), q) {
 			return false
 		}
-		if f.Queue == "" && f.Kind == "" && f.Paused == "" {
+		if defs == nil {
 			return true
 		}
-		s, _ := d.hub.schedule(id)
+		s := defs[id]
 		return s != nil && (f.Queue == "" || s.Target.Queue == f.Queue) && (f.Kind == "" || s.Target.Kind == f.Kind) &&
 			(f.Paused == "" || s.Paused == (f.Paused == "yes"))
 	}
@@ -92,11 +104,11 @@ func (d *Dashboard) scheduleListData(ctx context.Context, f filter) (*scheduleLi
 			b.Next = page[len(page)-1]
 		}
 	}
-	for _, id := range ids {
-		if s, _ := d.hub.schedule(id); s != nil {
-			queues[s.Target.Queue] = true
-		}
+	d.hub.mu.Lock()
+	for _, s := range d.hub.schedules {
+		queues[s.Target.Queue] = true
 	}
+	d.hub.mu.Unlock()
 	for q := range queues {
 		b.Queues = append(b.Queues, q)
 	}
@@ -116,12 +128,20 @@ func (d *Dashboard) scheduleListData(ctx context.Context, f filter) (*scheduleLi
 	if len(page) == 0 {
 		return b, nil
 	}
-	summaries, err := d.summaries(ctx, ids, pageIdx)
+	var (
+		wg        sync.WaitGroup
+		summaries map[string]jetfleet.ScheduleSummary
+		err       error
+		last      map[string]*jetfleetpb.Execution
+		trends    map[string]*jetfleet.TrendStatus
+	)
+	wg.Go(func() { summaries, err = d.summaries(ctx, ids, pageIdx) })
+	wg.Go(func() { last = d.lastExecutions(ctx, page) })
+	wg.Go(func() { trends = d.trendStatuses(ctx, page) })
+	wg.Wait()
 	if err != nil {
 		return nil, err
 	}
-	last := d.lastExecutions(ctx, page)
-	trends := d.trendStatuses(ctx, page)
 	for _, id := range page {
 		def, _ := d.hub.schedule(id)
 		row := scheduleRow{ID: id, Def: def, Last: last[id]}
