@@ -11,4 +11,8 @@
 //     from the host, its trace in Jaeger, a cron schedule, a failover of the
 //     scheduler leader without a duplicate fire. It needs docker and docker-compose
 //     and fails, never skips, without them.
+//   - faults/ (a command; go tool task faults) runs the fleet as separate
+//     processes and counts what kill -9, SIGSTOP, supervisor kills, NATS
+//     restarts and bad input do to jobs, fires, dead letters and history
+//     (docs/reliability.md).
 package e2e

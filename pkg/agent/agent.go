@@ -52,6 +52,7 @@ type Agent struct {
 	events   jetstream.Stream // EVENTS, to read a job's events
 	agentsKV jetstream.KeyValue
 	fleet    *fleetView
+	cancels  *cancelView
 
 	runner    lifecycle.Runner
 	jobs      sync.WaitGroup
@@ -70,8 +71,14 @@ type Agent struct {
 	// two entries.
 	inflight map[string]*execution
 
-	slotMu     sync.Mutex
-	nextPuller int // round-robin position for offering freed slots
+	slotMu    sync.Mutex
+	nextQueue int // round-robin position among the busy queues for freed slots
+	// probeFrom moves the start of the round that hands out probes.
+	probeFrom atomic.Uint32
+	// spare counts free slots no queue has work for: while every queue is
+	// idle, each holds one slot in a request (its probe) and the rest wait
+	// here for the first queue that gets a job.
+	spare atomic.Int64
 
 	// awaiting holds the finished jobs whose answer waits for their outcome
 	// event to be stored (answerOnceStored); at most cfg.MaxUnconfirmed
@@ -92,7 +99,12 @@ type kind struct {
 
 type queueState struct {
 	name    string
-	ackWait time.Duration // of the queue's consumer
+	ackWait time.Duration // of the queue's consumers
+	// pullers are the queue's, one per priority, highest first; share is
+	// the smooth weighted round-robin state that splits freed slots
+	// between the busy ones (guarded by Agent.slotMu).
+	pullers []*puller
+	share   map[*puller]int
 }
 
 // Option configures an Agent beyond its Config.
@@ -254,14 +266,28 @@ func (a *Agent) Start(ctx context.Context) error {
 	if err := a.fleet.start(ctx, runCtx, &a.runner); err != nil {
 		return fmt.Errorf("agent: watch agents: %w", err)
 	}
+	cancelsKV, err := a.js.KeyValue(ctx, protocol.BucketCancels)
+	if err != nil {
+		return fmt.Errorf("agent: bucket %s: %w", protocol.BucketCancels, err)
+	}
+	a.cancels = newCancelView(a.logger, a.cancelStarted)
+	if err := mirrorBucket(ctx, runCtx, &a.runner, cancelsKV, a.cancels.apply); err != nil {
+		return fmt.Errorf("agent: watch cancels: %w", err)
+	}
 	if a.replies, err = newReplies(a.nc, asyncTimeout); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
 	a.runner.Go(a.replies.expireLoop)
-	a.recorder = newRecorder(a.js, a.replies, a.logger)
+	gate := newConnGate(a.nc)
+	a.recorder = newRecorder(a.js, a.replies, gate, a.logger)
 	if err := a.batchEvents(); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
+	gate.onDisconnect = append(gate.onDisconnect, a.replies.abandon)
+	if a.recorder.batches != nil {
+		gate.onDisconnect = append(gate.onDisconnect, a.recorder.batches.abandon)
+	}
+	a.runner.Go(gate.run)
 	if a.control, err = a.nc.Subscribe(protocol.ControlSubject(a.cfg.ID), a.handleControl); err != nil {
 		return fmt.Errorf("agent: control subject: %w", err)
 	}
@@ -270,11 +296,17 @@ func (a *Agent) Start(ctx context.Context) error {
 	}
 	a.runner.Go(a.heartbeatLoop)
 	for _, q := range a.queues {
-		p, err := newPuller(a, q)
-		if err != nil {
-			return fmt.Errorf("agent: queue %s: %w", q.name, err)
+		for _, priority := range protocol.Priorities {
+			p, err := newPuller(a, q, priority)
+			if err != nil {
+				return fmt.Errorf("agent: queue %s: %w", q.name, err)
+			}
+			// High and low start dormant: a queue that uses no priorities
+			// keeps every slot for its default jobs (wakeDormant).
+			p.dormant.Store(priority != protocol.PriorityDefault)
+			a.pullers = append(a.pullers, p)
+			q.pullers = append(q.pullers, p)
 		}
-		a.pullers = append(a.pullers, p)
 	}
 	a.runner.Go(a.progressLoop)
 	a.runner.Go(a.checkLostLoop)
@@ -283,6 +315,14 @@ func (a *Agent) Start(ctx context.Context) error {
 		a.runner.Go(a.worker)
 	}
 	a.releaseSlots(a.cfg.Concurrency) // every slot is free: ask for jobs
+	a.wakeDormant(ctx)                // a priority with jobs waiting already
+	// Once Start returns, the server knows the agent's subscriptions: it
+	// answers control commands.
+	flushCtx, cancelFlush := context.WithTimeout(ctx, asyncTimeout) // FlushWithContext needs a deadline
+	defer cancelFlush()
+	if err := a.nc.FlushWithContext(flushCtx); err != nil {
+		return fmt.Errorf("agent: flush: %w", err)
+	}
 	a.logger.Info("agent started", "queues", a.cfg.Queues, "kinds", a.Kinds(), "concurrency", a.cfg.Concurrency)
 	return nil
 }
@@ -472,26 +512,42 @@ func (a *Agent) worker(ctx context.Context) {
 	}
 }
 
-// releaseSlots offers n freed slots to the queues' pullers, shared evenly
-// and in one offer each, so a puller asks for them in one request; the
-// first share to have an extra slot rotates. Slots no puller takes (the
-// agent is stopping) stay unused.
+// releaseSlots offers n freed slots to the queues' pullers (one per queue
+// and priority). A puller with no slot at all takes one first, its probe:
+// every priority of every queue always has a request open, so a job on an
+// idle one is seen — and, its slot kept free, starts at once. The rest go
+// to the pullers that have work (busy: their latest request did not expire
+// short of jobs): shared evenly between the queues, and within a queue by
+// priority weight (high 16, default 4, low 1, smooth weighted round robin),
+// so a higher priority takes most freed slots and a lower one still gets
+// its share and never starves; each puller gets its share in one offer,
+// so it asks for them in one request. With no busy puller they wait as
+// spare slots, which the first puller to get a job claims (claimSpare).
+// Slots no puller takes (the agent is stopping) stay unused.
 func (a *Agent) releaseSlots(n int) {
 	if n <= 0 || len(a.pullers) == 0 {
 		return
 	}
-	a.slotMu.Lock()
-	first := a.nextPuller
-	a.nextPuller = (a.nextPuller + n) % len(a.pullers)
-	a.slotMu.Unlock()
-	left := n
+	// Probes go round, from a moving start, so that scarce slots (fewer
+	// than pullers) reach every puller in turn.
+	first := int(a.probeFrom.Add(1))
 	for i := range a.pullers {
-		share := n / len(a.pullers)
-		if i < n%len(a.pullers) {
-			share++
+		if n > 0 && a.pullers[(first+i)%len(a.pullers)].takeProbe() {
+			n--
 		}
-		if share > 0 && a.pullers[(first+i)%len(a.pullers)].offer(share) {
-			left -= share
+	}
+	if n == 0 {
+		return
+	}
+	shares := a.shareSlots(n)
+	if shares == nil {
+		a.spare.Add(int64(n))
+		return
+	}
+	left := 0
+	for p, k := range shares {
+		if !p.offer(k) {
+			left += k
 		}
 	}
 	if left > 0 { // a puller is stopping: another may take its share
@@ -501,6 +557,71 @@ func (a *Agent) releaseSlots(n int) {
 			}
 		}
 	}
+}
+
+// priorityWeight is a priority's share of freed slots while busy.
+var priorityWeight = map[string]int{protocol.PriorityHigh: 16, protocol.PriorityDefault: 4, protocol.PriorityLow: 1}
+
+// shareSlots splits n slots between the busy pullers; nil when none is busy.
+func (a *Agent) shareSlots(n int) map[*puller]int {
+	a.slotMu.Lock()
+	defer a.slotMu.Unlock()
+	var busy []*queueState
+	for _, q := range a.queues {
+		for _, p := range q.pullers {
+			if p.busy.Load() {
+				busy = append(busy, q)
+				break
+			}
+		}
+	}
+	if len(busy) == 0 {
+		return nil
+	}
+	shares := map[*puller]int{}
+	for range n {
+		q := busy[a.nextQueue%len(busy)]
+		a.nextQueue++
+		if p := q.pick(); p != nil {
+			shares[p]++
+		}
+	}
+	return shares
+}
+
+// pick chooses the busy puller of q the next slot goes to, by smooth
+// weighted round robin: every busy puller gains its weight, the one with
+// the most takes the slot and pays the total. Called with slotMu held.
+func (q *queueState) pick() *puller {
+	if q.share == nil {
+		q.share = map[*puller]int{}
+	}
+	var best *puller
+	total := 0
+	for _, p := range q.pullers {
+		if !p.busy.Load() {
+			continue
+		}
+		w := priorityWeight[p.priority]
+		q.share[p] += w
+		total += w
+		if best == nil || q.share[p] > q.share[best] {
+			best = p
+		}
+	}
+	if best != nil {
+		q.share[best] -= total
+	}
+	return best
+}
+
+// claimSpare hands the spare slots to the busy queues: called when a
+// queue gets a job.
+func (a *Agent) claimSpare() {
+	if a.spare.Load() == 0 {
+		return
+	}
+	a.releaseSlots(int(a.spare.Swap(0)))
 }
 
 func (a *Agent) track(ex *execution) {
@@ -526,6 +647,18 @@ func (a *Agent) findJob(jobID string) *execution {
 		}
 	}
 	return nil
+}
+
+// cancelStarted ends a job that was already running when its cancel,
+// requested after the job was stored, reached bucket cancels: the
+// supervisor saw it in no heartbeat yet, so it told no agent.
+func (a *Agent) cancelStarted(c storedCancel) {
+	ex := a.findJob(c.GetJobId())
+	if ex == nil || ex.settled.Load() || !c.appliesTo(ex.job.ID, ex.msg.ack.Timestamp) {
+		return
+	}
+	a.logger.Info("cancelling job on request", telemetry.LogJobID, c.GetJobId(), "reason", c.GetReason())
+	ex.cancel(&cancelCommandError{reason: c.GetReason(), deadLetter: c.GetDeadLetter()})
 }
 
 func hostname() string {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -258,8 +260,9 @@ func TestMalformedInputIsDeadLetteredAndAgentKeepsRunning(t *testing.T) {
 	require.NoError(t, err)
 	// Oversized payload.
 	fleettest.Publish(t, f.js, protocol.Job{ID: "m-4", Queue: "default", Kind: "order", Payload: make([]byte, 100)})
-	// A kind token that is not one: jobs.default.a.b matches the queue's filter.
-	_, err = f.js.PublishMsg(ctx, &nats.Msg{Subject: "jobs.default.a.b", Data: []byte("x"), Header: nats.Header{protocol.HeaderJobID: {"m-5"}}})
+	// A kind token that is not one: 200 characters.
+	_, err = f.js.PublishMsg(ctx, &nats.Msg{Subject: "jobs.default." + strings.Repeat("k", 200), Data: []byte("x"),
+		Header: nats.Header{protocol.HeaderJobID: {"m-5"}}})
 	require.NoError(t, err)
 	// And a good one afterwards.
 	fleettest.Publish(t, f.js, protocol.Job{ID: "ok", Queue: "default", Kind: "order", Payload: []byte(`{"id":7}`)})
@@ -385,10 +388,10 @@ func TestRedeliveryOfSucceededJobIsAckedWithoutRunning(t *testing.T) {
 func TestCancelCommandEndsJobAsCancelled(t *testing.T) {
 	t.Parallel()
 	f := setup(t, topology.Config{})
-	started := make(chan struct{})
+	started := make(chan struct{}, 2)
 	a := f.startAgent(t, agent.Config{}, func(a *agent.Agent) {
 		must(t, a.Register("wait", func(ctx context.Context, job *agent.Job) error {
-			close(started)
+			started <- struct{}{}
 			<-ctx.Done()
 			return ctx.Err()
 		}, agent.KindOptions{}))
@@ -411,9 +414,62 @@ func TestCancelCommandEndsJobAsCancelled(t *testing.T) {
 
 	ev := f.events.WaitFor(t, 10*time.Second, "c-1", protocol.EventCancelled)
 	assert.Contains(t, ev.GetError(), "operator asked")
-	dead := f.events.WaitFor(t, 10*time.Second, "c-1", protocol.EventDead)
+	assert.Equal(t, protocol.ReasonCancelled, ev.GetReason())
+	assert.Equal(t, protocol.CodeCancelled, ev.GetErrorCode())
+	assert.Equal(t, protocol.EventCancelled, fleettest.WaitLatestEvent(t, f.js, "c-1", protocol.EventCancelled, 10*time.Second).GetType())
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, 10*time.Second)
+	assert.Empty(t, fleettest.DeadLetters(t, f.js), "a cancelled job is no dead letter")
+
+	// With dead_letter, the job is dead-lettered with reason cancelled.
+	fleettest.Publish(t, f.js, protocol.Job{ID: "c-2", Queue: "default", Kind: "wait"})
+	f.events.WaitFor(t, 10*time.Second, "c-2", protocol.EventStarted)
+	require.NoError(t, send(&jetfleetpb.AgentCommand{Action: protocol.CommandCancel, JobId: "c-2", Reason: "bad input", DeadLetter: true}))
+	dead := f.events.WaitFor(t, 10*time.Second, "c-2", protocol.EventDead)
 	assert.Equal(t, protocol.ReasonCancelled, dead.GetReason())
-	assert.Equal(t, protocol.EventDead, fleettest.WaitLatestEvent(t, f.js, "c-1", protocol.EventDead, 10*time.Second).GetType())
+	assert.Contains(t, dead.GetError(), "bad input")
+	letters := fleettest.DeadLetters(t, f.js)
+	require.Len(t, letters, 1)
+	assert.Equal(t, "c-2", letters[0].GetJobId())
+}
+
+// TestCancelInBucketEndsAJobAlreadyRunning: a cancel that reaches bucket
+// cancels while the job runs (it started before any heartbeat listed it,
+// so the supervisor told no agent) ends it too; one stored before the job
+// message was is for an earlier job with that id, and changes nothing.
+func TestCancelInBucketEndsAJobAlreadyRunning(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	ctx := fleettest.Ctx(t, 30*time.Second)
+	kv, err := f.js.KeyValue(ctx, protocol.BucketCancels)
+	require.NoError(t, err)
+	putCancel := func(jobID string) {
+		data, err := protocol.Marshal(&jetfleetpb.JobCancel{JobId: jobID, Reason: "stop it", RequestedBy: "test"})
+		require.NoError(t, err)
+		_, err = kv.Put(ctx, protocol.JobToken(jobID), data)
+		require.NoError(t, err)
+	}
+	putCancel("older-cancel")
+	started := make(chan string, 2)
+	f.startAgent(t, agent.Config{}, func(a *agent.Agent) {
+		must(t, a.Register("wait", func(ctx context.Context, job *agent.Job) error {
+			started <- job.ID
+			if job.ID == "older-cancel" {
+				return nil
+			}
+			<-ctx.Done()
+			return ctx.Err()
+		}, agent.KindOptions{}))
+	})
+	fleettest.Publish(t, f.js, protocol.Job{ID: "older-cancel", Queue: "default", Kind: "wait"})
+	f.events.WaitFor(t, 10*time.Second, "older-cancel", protocol.EventSucceeded)
+	fleettest.Publish(t, f.js, protocol.Job{ID: "b-1", Queue: "default", Kind: "wait"})
+	assert.Equal(t, "older-cancel", <-started)
+	assert.Equal(t, "b-1", <-started)
+	putCancel("b-1")
+	ev := f.events.WaitFor(t, 10*time.Second, "b-1", protocol.EventCancelled)
+	assert.Contains(t, ev.GetError(), "stop it")
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, 10*time.Second)
+	assert.Empty(t, fleettest.DeadLetters(t, f.js))
 }
 
 // TestTimeoutCommandFailsTheAttemptAsATimeout: the supervisor's timeout
@@ -750,7 +806,7 @@ func TestMetricsCountJobsByOutcome(t *testing.T) {
 
 // TestCancelWhileWaitingForTheKindsSlotIsNoSuccess: a job waiting for its
 // kind's concurrency slot is cancelled before its handler ever runs. It
-// ends cancelled and dead-lettered — never recorded as succeeded — and the
+// ends cancelled — never recorded as succeeded — and the
 // agent answers the supervisor's ping as a known command.
 func TestCancelWhileWaitingForTheKindsSlotIsNoSuccess(t *testing.T) {
 	t.Parallel()
@@ -783,8 +839,8 @@ func TestCancelWhileWaitingForTheKindsSlotIsNoSuccess(t *testing.T) {
 		return send(&jetfleetpb.AgentCommand{Action: protocol.CommandCancel, JobId: "waiter"}) == nil
 	}, 10*time.Second, 10*time.Millisecond, "the waiting job is held by the agent")
 
-	dead := f.events.WaitFor(t, 10*time.Second, "waiter", protocol.EventDead)
-	assert.Equal(t, protocol.ReasonCancelled, dead.GetReason())
+	cancelled := f.events.WaitFor(t, 10*time.Second, "waiter", protocol.EventCancelled)
+	assert.Equal(t, protocol.ReasonCancelled, cancelled.GetReason())
 	assert.Zero(t, countEvents(f.events, "waiter", protocol.EventSucceeded), "a job that never ran succeeded")
 	assert.Equal(t, int32(1), ran.Load(), "the cancelled job's handler ran")
 }
@@ -797,4 +853,89 @@ func countEvents(e *fleettest.Events, jobID, typ string) int {
 		}
 	}
 	return n
+}
+
+// TestIdleQueueLeavesItsSlotsToABusyOne: an agent serving two queues, one
+// of them idle, runs every job of the busy one, as many at once as its
+// slots allow less the idle queue's single probe, while the idle queue's
+// requests expire every 200 ms (its slots went back to the busy queue).
+func TestIdleQueueLeavesItsSlotsToABusyOne(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	const jobs = 300
+	var running, most atomic.Int32
+	var late atomic.Int32 // the most running at once after the 100th job
+	var started atomic.Int32
+	f.startAgent(t, agent.Config{Concurrency: 4, Queues: []string{"idle", "default"}, FetchMaxWait: 200 * time.Millisecond},
+		func(a *agent.Agent) {
+			must(t, a.Register("work", func(ctx context.Context, job *agent.Job) error {
+				n := running.Add(1)
+				defer running.Add(-1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				if started.Add(1) > 100 {
+					for m := late.Load(); n > m && !late.CompareAndSwap(m, n); m = late.Load() {
+					}
+				}
+				time.Sleep(20 * time.Millisecond) // the work
+				return nil
+			}, agent.KindOptions{}))
+		})
+	for i := range jobs {
+		fleettest.Publish(t, f.js, protocol.Job{ID: fmt.Sprintf("j-%d", i), Queue: "default", Kind: "work"})
+	}
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, 60*time.Second)
+	assert.GreaterOrEqual(t, late.Load(), int32(3), "every slot but (at most) the idle queue's probe runs the busy queue's jobs")
+	assert.LessOrEqual(t, most.Load(), int32(4))
+}
+
+// TestHigherPriorityJobsStartFirst: with high, default and low jobs
+// waiting, an agent starts the high ones first and the low ones last — yet
+// some low jobs start while high ones still wait (a low priority gets a
+// share of the slots, so it never starves).
+func TestHigherPriorityJobsStartFirst(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	ctx := fleettest.Ctx(t, 60*time.Second)
+	_, err := topology.EnsureQueue(ctx, f.js, topology.Config{}, "default")
+	require.NoError(t, err)
+	const perPriority = 150
+	for i := range perPriority {
+		for _, p := range protocol.Priorities {
+			fleettest.Publish(t, f.js, protocol.Job{ID: fmt.Sprintf("%s-%d", p, i), Queue: "default", Kind: "work", Priority: p})
+		}
+	}
+	var mu sync.Mutex
+	var order []string // priorities in start order
+	f.startAgent(t, agent.Config{Concurrency: 4}, func(a *agent.Agent) {
+		must(t, a.Register("work", func(_ context.Context, job *agent.Job) error {
+			mu.Lock()
+			order = append(order, strings.SplitN(job.ID, "-", 2)[0])
+			mu.Unlock()
+			time.Sleep(time.Millisecond) // the work
+			return nil
+		}, agent.KindOptions{}))
+	})
+	fleettest.WaitStreamMsgs(t, f.js, protocol.StreamJobs, 0, 60*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, order, 3*perPriority)
+	median := func(p string) int {
+		var at []int
+		for i, q := range order {
+			if q == p {
+				at = append(at, i)
+			}
+		}
+		return at[len(at)/2]
+	}
+	assert.Less(t, median(protocol.PriorityHigh), median(protocol.PriorityDefault), "high before default")
+	assert.Less(t, median(protocol.PriorityDefault), median(protocol.PriorityLow), "default before low")
+	lastHigh := slices.Index(order, protocol.PriorityHigh)
+	for i, q := range order {
+		if q == protocol.PriorityHigh {
+			lastHigh = i
+		}
+	}
+	assert.Contains(t, order[:lastHigh], protocol.PriorityLow, "a low job started while high ones waited")
 }

@@ -45,7 +45,7 @@ func (a *Agent) handleControl(m *nats.Msg) {
 			ex.cancel(&timeoutCommandError{reason: cmd.GetReason()})
 		} else {
 			a.logger.Info("cancelling job on request", telemetry.LogJobID, cmd.GetJobId(), "reason", cmd.GetReason())
-			ex.cancel(&cancelCommandError{reason: cmd.GetReason()})
+			ex.cancel(&cancelCommandError{reason: cmd.GetReason(), deadLetter: cmd.GetDeadLetter()})
 		}
 		reply(nil)
 	default:

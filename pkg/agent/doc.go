@@ -32,8 +32,10 @@
 //	NonRetryable(err), or an
 //	error matched by the kind's RetryPolicy.NonRetryable
 //	                          → dead letter (reason non_retryable), then TERM
-//	Cancel(err), or a cancel
-//	command for the job       → dead letter (reason cancelled), then TERM
+//	Cancel(err)               → dead letter (reason cancelled), then TERM
+//	a cancel (jetfleet jobs
+//	cancel; the handler's
+//	context ends)             → status cancelled, then TERM; no dead letter
 //	Malformed(err)            → dead letter (reason malformed_payload), then TERM
 //	panic                     → recovered into a *PanicError carrying the stack,
 //	                            handled like any error

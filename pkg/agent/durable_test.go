@@ -171,3 +171,53 @@ func TestJobIsNotAckedWhileItsOutcomeCannotBeStored(t *testing.T) {
 	assert.Positive(t, gaveUp)
 	assert.Equal(t, int32(5+gaveUp), runs.Load(), "each job given up on ran again, and only those")
 }
+
+// TestOutcomeWaitsThroughAServerOutage: a job finishes while the server is
+// down for longer than an event's tries span. Its outcome waits for the
+// connection instead of being given up, is stored once the server is back,
+// and the job is acked: it does not run again.
+func TestOutcomeWaitsThroughAServerOutage(t *testing.T) {
+	t.Parallel()
+	srv := natstest.RestartableServer(t, embedded.Options{})
+	topo := topology.Config{}
+	logs := fleettest.NewLogs()
+	env := fleettest.NewEnvURL(t, srv.URL(), topo)
+	env.Logger = logs.Wrap(env.Logger)
+	a, err := agent.New(env.Env.Conn, agent.Config{ID: "outage"}, agent.WithEnv(env.Env))
+	require.NoError(t, err)
+	var runs atomic.Int32
+	running, finish := make(chan struct{}), make(chan struct{})
+	must(t, a.Register("work", func(context.Context, *agent.Job) error {
+		if runs.Add(1) == 1 {
+			close(running)
+			<-finish
+		}
+		return nil
+	}, agent.KindOptions{}))
+	require.NoError(t, a.Start(fleettest.Ctx(t, 10*time.Second)))
+	t.Cleanup(func() {
+		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = a.Stop(c)
+	})
+	_, js := natstest.JetStream(t, srv.Server())
+	fleettest.Publish(t, js, protocol.Job{ID: "through-outage", Queue: "default", Kind: "work"})
+	<-running
+
+	srv.Stop()
+	close(finish) // the job succeeds while the server is away
+	logs.Wait(t, 10*time.Second, "the outcome waits for the connection",
+		fleettest.MatchLog("job event not stored while disconnected; sending it again once reconnected"))
+	// The outage outlasts the tries of an event (about 3 s of backoff).
+	down := time.NewTimer(4 * time.Second)
+	<-down.C
+	srv.Start(t)
+
+	nc, js := natstest.JetStream(t, srv.Server())
+	events := fleettest.WatchJobEvents(t, nc)
+	fleettest.WaitLatestEvent(t, js, "through-outage", protocol.EventSucceeded, 20*time.Second)
+	fleettest.WaitStreamMsgs(t, js, protocol.StreamJobs, 0, 20*time.Second)
+	assert.Equal(t, int32(1), runs.Load(), "the job ran again")
+	assert.Subset(t, []string{protocol.EventSucceeded}, events.Of("through-outage"), "no later delivery ran or skipped it")
+	assert.Zero(t, logs.Count(fleettest.MatchLog("outcome of the job not stored; not acked, JetStream delivers it again")))
+}

@@ -291,5 +291,24 @@ func (b *eventBatches) expire(now time.Time) {
 	}
 }
 
+// abandon ends every open batch, committed or not: the connection dropped,
+// so no answer will come. Their unconfirmed events are sent again on their
+// own (once the connection is back).
+func (b *eventBatches) abandon() {
+	var lost []*pendingEvent
+	b.mu.Lock()
+	for _, batch := range b.open {
+		batch.committed = true // no commit goes out for it later
+		if b.current == batch {
+			b.current = nil
+		}
+		lost = append(lost, b.endLocked(batch, batch.confirmed)...)
+	}
+	b.mu.Unlock()
+	for _, e := range lost {
+		e.answered(nil, errDisconnected)
+	}
+}
+
 // close ends the answers' subscription.
 func (b *eventBatches) close() { _ = b.sub.Unsubscribe() }

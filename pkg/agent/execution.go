@@ -163,11 +163,15 @@ func (a *Agent) run(ctx context.Context, job *Job) error {
 	switch {
 	case past.succeeded:
 		return a.skipDuplicate(ctx, ex)
-	case past.dead:
-		// The dead letter is stored; only the TERM after it was lost.
+	case past.dead, past.cancelled:
+		// The run is over (dead-lettered, or cancelled); only the TERM
+		// after it was lost.
 		job.outcome = protocol.EventDead
+		if past.cancelled {
+			job.outcome = protocol.EventCancelled
+		}
 		if ex.claim() {
-			if err := ex.msg.TermWithReason("dead letter already stored"); err != nil {
+			if err := ex.msg.TermWithReason("run already over: " + job.outcome); err != nil {
 				a.logger.Warn("term failed; JetStream delivers the job again", telemetry.LogJobID, job.ID, telemetry.LogError, err)
 			}
 		}
@@ -185,6 +189,25 @@ func (a *Agent) run(ctx context.Context, job *Job) error {
 		return err
 	}
 
+	if c, ok := a.cancels.requested(job.ID, ex.msg.ack.Timestamp); ok {
+		// Cancelled while it waited (queued, delayed, between attempts):
+		// end it without running it.
+		cause := &cancelCommandError{reason: c.GetReason(), deadLetter: c.GetDeadLetter()}
+		if ex.claim() {
+			a.settle(ctx, ex, cancelVerdict(cause.deadLetter), cause, 0)
+		}
+		return cause
+	}
+	if delayed(ex, time.Now()) {
+		if ex.claim() {
+			a.moveToDelayed(ctx, ex)
+		}
+		return nil
+	}
+	if !ex.parsed.ProcessAt.IsZero() && !ex.parsed.Fired && job.Delivered == 1 {
+		a.logger.Info("job's process_at has passed: it runs now", telemetry.LogJobID, job.ID,
+			"process_at", ex.parsed.ProcessAt.UTC().Format(time.RFC3339Nano))
+	}
 	if cause := context.Cause(ctx); errors.Is(cause, errReleased) {
 		// Handed back before it started (after reading its snoozes: the
 		// released event counts one more).

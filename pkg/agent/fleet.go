@@ -47,23 +47,29 @@ func newFleetView(kv jetstream.KeyValue, self string, logger *slog.Logger) *flee
 }
 
 // start loads the registrations already in the bucket (while ctx allows),
-// then watches for changes on a goroutine of runner until runCtx ends. It
-// returns only once the initial values are in: a job delivered right after
+// then follows its changes until runCtx ends: a job delivered right after
 // the agent starts must see the agents that were live before it.
 func (f *fleetView) start(ctx, runCtx context.Context, runner *lifecycle.Runner) error {
-	w, err := f.kv.WatchAll(runCtx)
+	return mirrorBucket(ctx, runCtx, runner, f.kv, f.apply)
+}
+
+// mirrorBucket applies every entry of kv to apply: those stored now before
+// it returns (while ctx allows), the later changes on a goroutine of runner
+// until runCtx ends.
+func mirrorBucket(ctx, runCtx context.Context, runner *lifecycle.Runner, kv jetstream.KeyValue, apply func(jetstream.KeyValueEntry)) error {
+	w, err := kv.WatchAll(runCtx)
 	if err != nil {
 		return err
 	}
-	if err := f.loadInitial(ctx, w); err != nil {
+	if err := loadInitial(ctx, w, apply); err != nil {
 		_ = w.Stop()
-		return err
+		return fmt.Errorf("bucket %s: %w", kv.Bucket(), err)
 	}
 	runner.Go(func(context.Context) {
 		defer func() { _ = w.Stop() }()
 		for entry := range w.Updates() {
 			if entry != nil {
-				f.apply(entry)
+				apply(entry)
 			}
 		}
 	})
@@ -72,19 +78,19 @@ func (f *fleetView) start(ctx, runCtx context.Context, runner *lifecycle.Runner)
 
 // loadInitial applies the watcher's initial values, up to the nil entry
 // that marks their end.
-func (f *fleetView) loadInitial(ctx context.Context, w jetstream.KeyWatcher) error {
+func loadInitial(ctx context.Context, w jetstream.KeyWatcher, apply func(jetstream.KeyValueEntry)) error {
 	for {
 		select {
 		case entry, ok := <-w.Updates():
 			if !ok {
-				return errors.New("agents bucket watch closed while loading")
+				return errors.New("watch closed while loading")
 			}
 			if entry == nil {
 				return nil
 			}
-			f.apply(entry)
+			apply(entry)
 		case <-ctx.Done():
-			return fmt.Errorf("loading agents bucket: %w", ctx.Err())
+			return fmt.Errorf("loading: %w", ctx.Err())
 		}
 	}
 }

@@ -22,7 +22,9 @@ type history struct {
 	succeeded bool
 	// dead: the job's dead letter is stored (the TERM after it was lost).
 	dead bool
-	// verdict is a failed or cancelled event whose dead letter is missing.
+	// cancelled: the job was cancelled (the TERM after it was lost).
+	cancelled bool
+	// verdict is a failed event whose dead letter is missing.
 	verdict *jetfleetpb.JobEvent
 	// snoozes counts deliveries that spent no attempt.
 	snoozes uint32
@@ -75,7 +77,9 @@ func (a *Agent) history(ctx context.Context, job *Job, seq uint64) history {
 			h.succeeded = true
 		case protocol.EventDead:
 			h.dead = true
-		case protocol.EventFailed, protocol.EventCancelled:
+		case protocol.EventCancelled:
+			h.cancelled = true
+		case protocol.EventFailed:
 			if latest[slices.Index(historyTypes, protocol.EventDead)] == nil {
 				h.verdict = ev
 			}

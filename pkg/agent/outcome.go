@@ -73,8 +73,12 @@ type TimeoutError struct{ Timeout time.Duration }
 func (e *TimeoutError) Error() string { return fmt.Sprintf("attempt timed out after %s", e.Timeout) }
 
 // cancelCommandError is the cancel cause of a job cancelled through the
-// agent's control subject.
-type cancelCommandError struct{ reason string }
+// agent's control subject, or found in bucket cancels before it started.
+type cancelCommandError struct {
+	reason string
+	// deadLetter: the cancel asked for a dead letter (reason cancelled).
+	deadLetter bool
+}
 
 func (e *cancelCommandError) Error() string {
 	if e.reason == "" {
@@ -116,6 +120,9 @@ const (
 	actSnooze
 	actDeadLetter
 	actRelease
+	// actCancel ends the run as cancelled: event cancelled, then TERM, no
+	// dead letter.
+	actCancel
 )
 
 // verdict is the single mapping from a handler's result to a JetStream action.
@@ -143,8 +150,11 @@ func decide(err error, attempt, maxAttempts int, policy RetryPolicy, backoff fun
 	if snooze, ok := errors.AsType[*SnoozeError](err); ok {
 		return verdict{action: actSnooze, delay: snooze.Delay, event: protocol.EventSnoozed}
 	}
-	if isType[*cancelCommandError](cause) || isType[*CancelError](err) {
-		return verdict{action: actDeadLetter, reason: protocol.ReasonCancelled, code: protocol.CodeCancelled, event: protocol.EventCancelled}
+	if cmd, ok := errors.AsType[*cancelCommandError](cause); ok {
+		return cancelVerdict(cmd.deadLetter)
+	}
+	if isType[*CancelError](err) {
+		return cancelVerdict(true)
 	}
 	if isType[*MalformedError](err) {
 		return verdict{action: actDeadLetter, reason: protocol.ReasonMalformedPayload, code: protocol.CodeMalformedPayload, event: protocol.EventFailed}
@@ -167,6 +177,15 @@ func decide(err error, attempt, maxAttempts int, policy RetryPolicy, backoff fun
 		d = retry.Delay
 	}
 	return verdict{action: actRetry, delay: d, code: code, event: protocol.EventRetrying}
+}
+
+// cancelVerdict ends a cancelled job: as cancelled, or dead-lettered with
+// reason cancelled when the cancel (or the handler's Cancel) asks for it.
+func cancelVerdict(deadLetter bool) verdict {
+	if deadLetter {
+		return verdict{action: actDeadLetter, reason: protocol.ReasonCancelled, code: protocol.CodeCancelled, event: protocol.EventFailed}
+	}
+	return verdict{action: actCancel, reason: protocol.ReasonCancelled, code: protocol.CodeCancelled, event: protocol.EventCancelled}
 }
 
 // isType reports whether err's tree holds an error of type E.

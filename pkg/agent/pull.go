@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -47,11 +48,12 @@ import (
 // Nothing here runs on a goroutine of its own: slots are offered by the
 // goroutine that frees them, and deliveries arrive on the subscription's.
 type puller struct {
-	a       *Agent
-	q       *queueState
-	subject string // the consumer's next-message API subject
-	inbox   string // a request replies to <inbox>.<request id>
-	expiry  time.Duration
+	a        *Agent
+	q        *queueState
+	priority string // of the jobs of q this puller asks for
+	subject  string // the consumer's next-message API subject
+	inbox    string // a request replies to <inbox>.<request id>
+	expiry   time.Duration
 	// lowWater is the most jobs outstanding at which freed slots are asked
 	// for beside the open requests, minBatch the fewest asked for so: a
 	// request per job or two would cost the server more than the job.
@@ -73,7 +75,27 @@ type puller struct {
 	holdUntil time.Time
 	stopping  bool
 	drained   chan struct{} // closed once stopping with nothing outstanding
+
+	// busy: the queue has work. Set by a delivery, cleared when a request
+	// expires short of jobs; an idle queue keeps one slot (its probe) and
+	// gives the rest to the busy ones (Agent.releaseSlots).
+	busy atomic.Bool
+	// dormant: a high or low priority no job came to for dormantAfter. It
+	// holds no probe (so an agent whose queues use no priorities keeps
+	// every slot for them); wakeDormant looks at its consumer's pending
+	// count every dormantCheck and gives it a probe again when a job waits.
+	dormant atomic.Bool
+	// idleSince is when the puller last turned idle (guarded by mu).
+	idleSince time.Time
 }
+
+// dormantAfter is how long a high or low priority stays idle before its
+// puller gives up its probe; dormantCheck how often a dormant puller looks
+// for waiting jobs.
+const (
+	dormantAfter = time.Minute
+	dormantCheck = 2 * time.Second
+)
 
 // pullRequest is a request that may still deliver jobs.
 type pullRequest struct {
@@ -89,10 +111,10 @@ const refusalPause = 250 * time.Millisecond
 // before the puller counts it lost (a server restart or leader change).
 const lostMargin = 2 * time.Second
 
-func newPuller(a *Agent, q *queueState) (*puller, error) {
+func newPuller(a *Agent, q *queueState, priority string) (*puller, error) {
 	p := &puller{
-		a: a, q: q,
-		subject:  fmt.Sprintf("$JS.API.CONSUMER.MSG.NEXT.%s.%s", protocol.StreamJobs, protocol.QueueConsumer(q.name)),
+		a: a, q: q, priority: priority,
+		subject:  fmt.Sprintf("$JS.API.CONSUMER.MSG.NEXT.%s.%s", protocol.StreamJobs, protocol.PriorityConsumer(q.name, priority)),
 		inbox:    a.nc.NewInbox(),
 		expiry:   a.cfg.FetchMaxWait,
 		lowWater: a.cfg.Concurrency / 2,
@@ -119,6 +141,23 @@ func (p *puller) offer(n int) bool {
 		return false
 	}
 	p.gathered += n
+	p.requestLocked()
+	return true
+}
+
+// takeProbe gives a puller that holds no slot (none gathered, none
+// outstanding) one, to keep a request open on its queue. It reports
+// whether it took it.
+func (p *puller) takeProbe() bool {
+	if p.dormant.Load() {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopping || p.gathered > 0 || p.outstanding > 0 {
+		return false
+	}
+	p.gathered = 1
 	p.requestLocked()
 	return true
 }
@@ -164,7 +203,12 @@ func (p *puller) receive(m *nats.Msg) {
 		} else {
 			p.a.logger.Warn("job delivered for a request counted lost; no slot is free for it, so it is handed back", telemetry.LogQueue, p.q.name)
 		}
+		p.idleSince = time.Time{}
 		p.mu.Unlock()
+		p.dormant.Store(false)
+		if !p.busy.Swap(true) || p.a.spare.Load() > 0 {
+			p.a.claimSpare() // the queue has work: the spare slots are its
+		}
 		p.a.startJob(p.q, newDelivery(p.a.nc, m), reserved)
 		return
 	}
@@ -213,9 +257,24 @@ func (p *puller) endLocked(id uint64, status string, h nats.Header) (freed int) 
 	}
 	req := &p.open[i]
 	p.asked -= req.batch
-	undelivered := p.undelivered(req.batch, status, h)
+	undelivered := min(p.undelivered(req.batch, status, h), p.outstanding)
 	req.batch = 0
-	return p.returnLocked(min(undelivered, p.outstanding))
+	if status == "408" && undelivered > 0 && !p.stopping {
+		// Expired short of jobs: the queue is idle. Its slots go back to
+		// be shared (Agent.releaseSlots gives it its probe again, unless
+		// slots are scarce and another puller has none: probes rotate). A
+		// priority idle for dormantAfter keeps none.
+		now := time.Now()
+		if p.busy.Swap(false) || p.idleSince.IsZero() {
+			p.idleSince = now
+		}
+		if p.priority != protocol.PriorityDefault && now.Sub(p.idleSince) >= dormantAfter {
+			p.dormant.Store(true)
+		}
+		p.outstanding -= undelivered
+		return undelivered
+	}
+	return p.returnLocked(undelivered)
 }
 
 // consumerGone reports whether a 409 says the consumer is gone from under
@@ -318,18 +377,49 @@ func (p *puller) close() {
 	p.checkDrainedLocked()
 }
 
-// checkLostLoop runs checkLost for every puller once per fetch_max_wait.
+// checkLostLoop runs checkLost for every puller once per fetch_max_wait,
+// and wakeDormant once per dormantCheck.
 func (a *Agent) checkLostLoop(ctx context.Context) {
 	t := time.NewTicker(a.cfg.FetchMaxWait)
 	defer t.Stop()
+	lastWake := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case now := <-t.C:
 			for _, p := range a.pullers {
 				p.checkLost()
 			}
+			if now.Sub(lastWake) >= dormantCheck {
+				lastWake = now
+				a.wakeDormant(ctx)
+			}
+		}
+	}
+}
+
+// wakeDormant gives the dormant pullers whose consumer has jobs waiting a
+// probe again: from the spare slots, else the next slot freed.
+func (a *Agent) wakeDormant(ctx context.Context) {
+	for _, p := range a.pullers {
+		if !p.dormant.Load() {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, asyncTimeout)
+		cons, err := a.js.Consumer(rctx, protocol.StreamJobs, protocol.PriorityConsumer(p.q.name, p.priority))
+		cancel()
+		if err != nil || cons.CachedInfo().NumPending == 0 {
+			continue
+		}
+		p.dormant.Store(false)
+		p.mu.Lock()
+		p.idleSince = time.Time{}
+		p.mu.Unlock()
+		if a.spare.Add(-1) >= 0 {
+			a.releaseSlots(1) // its probe, unless a puller with none comes first
+		} else {
+			a.spare.Add(1) // none spare: it takes the next slot freed
 		}
 	}
 }

@@ -52,7 +52,7 @@ func TestDeliveryWithoutSlotIsHandedBack(t *testing.T) {
 	fleettest.Publish(t, js, protocol.Job{ID: "first", Queue: "default", Kind: "hold"})
 	require.Eventually(t, func() bool { return running.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
 	fleettest.Publish(t, js, protocol.Job{ID: "second", Queue: "default", Kind: "hold"})
-	p := a.pullers[0]
+	p := a.defaultPuller(t)
 	require.NoError(t, nc.PublishRequest(p.subject, p.inbox+".424242", []byte(`{"batch":1,"expires":1000000000}`)))
 
 	handedBack := events.WaitFor(t, 10*time.Second, "second", protocol.EventReleased)
@@ -94,7 +94,7 @@ func TestHandBackWithoutSlotCountsEarlierSnoozes(t *testing.T) {
 	fleettest.Publish(t, js, protocol.Job{ID: "occupant", Queue: "default", Kind: "hold"})
 	require.Eventually(t, func() bool { return running.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
 	fleettest.Publish(t, js, protocol.Job{ID: "bounced", Queue: "default", Kind: "hold"})
-	p := a.pullers[0]
+	p := a.defaultPuller(t)
 	for i, want := range []uint32{1, 2} {
 		require.NoError(t, nc.PublishRequest(p.subject, fmt.Sprintf("%s.%d", p.inbox, 900000+i), []byte(`{"batch":1,"expires":1000000000}`)))
 		ev := events.Wait(t, 10*time.Second, func(ev *jetfleetpb.JobEvent) bool {
@@ -102,4 +102,16 @@ func TestHandBackWithoutSlotCountsEarlierSnoozes(t *testing.T) {
 		})
 		assert.Equal(t, want, ev.GetSnoozes(), "hand-back %d", i+1)
 	}
+}
+
+// defaultPuller is the puller of the agent's first queue at default priority.
+func (a *Agent) defaultPuller(t *testing.T) *puller {
+	t.Helper()
+	for _, p := range a.pullers {
+		if p.priority == protocol.PriorityDefault {
+			return p
+		}
+	}
+	t.Fatal("no default-priority puller")
+	return nil
 }

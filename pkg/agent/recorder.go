@@ -40,6 +40,11 @@ type recorder struct {
 	// inflight counts events not yet confirmed or given up, for flush.
 	inflight sync.WaitGroup
 
+	// gate holds resends while the connection is down; stopped releases
+	// them once the recorder closed and its flush ran out of time.
+	gate    *connGate
+	stopped chan struct{}
+
 	// sendMu guards sending against close.
 	sendMu sync.RWMutex
 	closed bool
@@ -59,9 +64,12 @@ type jobEvents struct {
 
 // pendingEvent is one event published and not yet confirmed.
 type pendingEvent struct {
-	r      *recorder
-	msg    *nats.Msg
-	tries  int
+	r     *recorder
+	msg   *nats.Msg
+	tries int
+	// waits counts the tries that failed while the connection was down:
+	// they do not count against maxEventTries.
+	waits  int
 	job    string // job token
 	number uint64 // this event's number among the job's events
 	// then, when set, is told once whether the event was stored.
@@ -79,8 +87,8 @@ const (
 	asyncTimeout = 10 * time.Second
 )
 
-func newRecorder(js jetstream.JetStream, replies *replies, logger *slog.Logger) *recorder {
-	return &recorder{js: js, replies: replies, logger: logger, jobs: map[string]*jobEvents{}}
+func newRecorder(js jetstream.JetStream, replies *replies, gate *connGate, logger *slog.Logger) *recorder {
+	return &recorder{js: js, replies: replies, gate: gate, stopped: make(chan struct{}), logger: logger, jobs: map[string]*jobEvents{}}
 }
 
 func eventMsg(ev *jetfleetpb.JobEvent) (*nats.Msg, error) {
@@ -211,7 +219,25 @@ func (e *pendingEvent) answered(body []byte, err error) {
 		r.logger.Warn("job event not stored; a newer event of the job went out, so it is not sent again",
 			"subject", e.msg.Subject, telemetry.LogError, err)
 		e.finish(false)
-	case e.tries < maxEventTries:
+	case !r.gate.connected():
+		// Disconnected: send it again once the connection is back, however
+		// long that takes (the outcome's ack waits for it), without
+		// spending a try.
+		if e.waits++; e.waits == 1 {
+			r.logger.Warn("job event not stored while disconnected; sending it again once reconnected", "subject", e.msg.Subject,
+				telemetry.LogError, err)
+		}
+		go func() {
+			if r.gate.waitConnected(r.stopped) && !r.superseded(e) {
+				r.publish(e)
+			} else {
+				r.logger.Error("job event not stored: the connection did not come back before the agent stopped", "subject", e.msg.Subject)
+				r.settle(e)
+				e.tell(false)
+			}
+			r.inflight.Done()
+		}()
+	case e.tries-e.waits < maxEventTries:
 		level := slog.LevelWarn
 		if errors.Is(err, errBatchNotStored) {
 			level = slog.LevelDebug // the batch's end was logged once for all its events
@@ -271,6 +297,7 @@ func (r *recorder) close(ctx context.Context) {
 	r.closed = true
 	r.sendMu.Unlock()
 	_ = r.flush(ctx)
+	close(r.stopped)
 	if r.batches != nil {
 		r.batches.close()
 	}

@@ -85,7 +85,9 @@ func startRecorder(t *testing.T, nc *nats.Conn, js jetstream.JetStream) *recorde
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	go rep.expireLoop(ctx)
-	r := newRecorder(js, rep, fleettest.Logger(t))
+	gate := newConnGate(nc)
+	go gate.run(ctx)
+	r := newRecorder(js, rep, gate, fleettest.Logger(t))
 	t.Cleanup(func() {
 		r.close(fleettest.Ctx(t, 10*time.Second))
 		cancel()

@@ -48,6 +48,9 @@ type waitingAnswer struct {
 // message, a stream leader change).
 var errNoAnswer = errors.New("no answer from the server in time")
 
+// errDisconnected: the connection dropped before the answer came.
+var errDisconnected = errors.New("disconnected before the server answered")
+
 // errNoResponders is reported when the server said no one takes the subject:
 // no stream stores it (an event), its consumer is gone (an ack), or
 // JetStream is unavailable.
@@ -144,6 +147,21 @@ func (r *replies) expire(now time.Time) {
 	r.mu.Unlock()
 	for _, w := range expired {
 		w.answered(nil, errNoAnswer)
+	}
+}
+
+// abandon gives up on every awaited answer: the connection dropped, so
+// none will come.
+func (r *replies) abandon() {
+	r.mu.Lock()
+	abandoned := make([]answerWaiter, 0, len(r.waiting))
+	for id, w := range r.waiting {
+		delete(r.waiting, id)
+		abandoned = append(abandoned, w.waiter)
+	}
+	r.mu.Unlock()
+	for _, w := range abandoned {
+		w.answered(nil, errDisconnected)
 	}
 }
 

@@ -52,7 +52,22 @@ func (a *Agent) settle(ctx context.Context, ex *execution, v verdict, err error,
 		a.handBack(ctx, ex, ev, v.delay)
 	case actRelease:
 		a.release(ctx, ex, errStopping)
+	case actCancel:
+		a.cancelRun(ex, ev)
 	}
+}
+
+// cancelRun ends a cancelled job's run: the cancelled event (the job's
+// outcome, with the cancel's reason as its error), then, once stored, a
+// TERM that removes the job without a dead letter.
+func (a *Agent) cancelRun(ex *execution, ev *jetfleetpb.JobEvent) {
+	ev.Reason = protocol.ReasonCancelled
+	a.answerOnceStored(ex, ev, func(ex *execution) {
+		if err := ex.msg.TermWithReason(protocol.ReasonCancelled); err != nil {
+			a.logger.Warn("term of a cancelled job failed; its next delivery finds the cancelled event", telemetry.LogJobID, ex.job.ID,
+				telemetry.LogError, err)
+		}
+	})
 }
 
 // ack acks the job's message as a request, so the server confirms it
@@ -61,8 +76,22 @@ func (a *Agent) settle(ctx context.Context, ex *execution, v verdict, err error,
 func (a *Agent) ack(ex *execution) {
 	msg := &nats.Msg{Subject: ex.msg.Reply(), Data: ackBody}
 	if err := a.replies.send(msg, (*unconfirmedAck)(ex)); err != nil {
+		if !a.recorder.gate.connected() {
+			a.ackOnceReconnected(ex)
+			return
+		}
 		a.logger.Warn("ack not sent; JetStream delivers the job again and the redelivery is skipped", telemetry.LogJobID, ex.job.ID, telemetry.LogError, err)
 	}
+}
+
+// ackOnceReconnected sends the ack again once the connection is back (an
+// ack is idempotent), sparing the job a redelivery.
+func (a *Agent) ackOnceReconnected(ex *execution) {
+	go func() {
+		if a.recorder.gate.waitConnected(a.recorder.stopped) {
+			a.ack(ex)
+		}
+	}()
 }
 
 var ackBody = []byte(protocol.AckBody)
@@ -71,6 +100,10 @@ var ackBody = []byte(protocol.AckBody)
 type unconfirmedAck execution
 
 func (u *unconfirmedAck) answered(_ []byte, err error) {
+	if errors.Is(err, errDisconnected) {
+		u.agent.ackOnceReconnected((*execution)(u))
+		return
+	}
 	if err != nil {
 		u.agent.logger.Warn("ack not confirmed; a redelivery will be skipped", telemetry.LogJobID, u.job.ID, telemetry.LogError, err)
 	}

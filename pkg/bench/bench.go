@@ -30,6 +30,7 @@ var scenarioFuncs = map[string]scenarioFunc{
 	ScenarioRescue:     (*bencher).rescue,
 	ScenarioFailover:   (*bencher).failover,
 	ScenarioDurability: (*bencher).durability,
+	ScenarioDelayed:    (*bencher).delayed,
 }
 
 // Run runs the configured scenarios, each Runs times, and returns the

@@ -21,6 +21,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	bench.RunChildServerIfAsked() // the delayed scenario's server
 	natstest.VerifyNoLeaks(m)
 }
 
@@ -36,6 +37,9 @@ var figures = map[string][]string{
 	bench.ScenarioFailover:  {"failover_next_fire"},
 	bench.ScenarioDurability: {"enqueue_rate_default_sync", "enqueue_rate_sync_always", "enqueue_ratio_always_default",
 		"end_to_end_rate_default_sync", "end_to_end_rate_sync_always", "end_to_end_ratio_always_default"},
+	bench.ScenarioDelayed: {"delayed_store_rate", "server_rss_per_delayed_job", "server_peak_rss", "fleet_heap_none_delayed", "fleet_heap_d_delayed",
+		"peak_rss", "due_to_start_p50", "due_to_start_p99", "due_to_start_max", "plain_burst_enqueue_to_start_p50",
+		"plain_burst_enqueue_to_start_p99"},
 }
 
 // TestSmoke runs every scenario once at the smoke's sizes, as CI does, and
@@ -78,6 +82,11 @@ func TestSmoke(t *testing.T) {
 	for _, name := range figures[bench.ScenarioDurability] {
 		assert.Positive(t, fig(bench.ScenarioDurability, name), name)
 	}
+	assert.Positive(t, fig(bench.ScenarioDelayed, "delayed_store_rate"))
+	assert.GreaterOrEqual(t, fig(bench.ScenarioDelayed, "due_to_start_p50"), 0.0, "a delayed job never starts before it is due")
+	assert.LessOrEqual(t, fig(bench.ScenarioDelayed, "due_to_start_p50"), fig(bench.ScenarioDelayed, "due_to_start_p99"))
+	assert.LessOrEqual(t, fig(bench.ScenarioDelayed, "due_to_start_p99"), fig(bench.ScenarioDelayed, "due_to_start_max"))
+	assert.Positive(t, fig(bench.ScenarioDelayed, "peak_rss"))
 
 	var table, js bytes.Buffer
 	require.NoError(t, report.WriteTable(&table))

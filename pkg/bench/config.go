@@ -22,10 +22,12 @@ const (
 	ScenarioRescue     = "rescue"
 	ScenarioFailover   = "failover"
 	ScenarioDurability = "durability"
+	ScenarioDelayed    = "delayed"
 )
 
 // Scenarios lists every scenario in the order "all" runs them.
-var Scenarios = []string{ScenarioThroughput, ScenarioLatency, ScenarioSchedules, ScenarioRescue, ScenarioFailover, ScenarioDurability}
+var Scenarios = []string{ScenarioThroughput, ScenarioLatency, ScenarioSchedules, ScenarioRescue, ScenarioFailover, ScenarioDurability,
+	ScenarioDelayed}
 
 // Config sizes the scenarios. Zero values mean the documented default.
 type Config struct {
@@ -79,6 +81,12 @@ type Config struct {
 	// DurabilityJobs are the jobs of each durability phase. Defaults to Jobs.
 	DurabilityJobs int `json:"durability_jobs"`
 
+	// DelayedJobs is D, the delayed jobs stored (due in an hour). Defaults to 1,000,000.
+	DelayedJobs int `json:"delayed_jobs"`
+	// DelayedBurst is B, the delayed jobs due within one second, and the
+	// plain jobs of the baseline. Defaults to 10,000.
+	DelayedBurst int `json:"delayed_burst"`
+
 	// Logger receives the components' logs. Defaults to discarding them.
 	Logger *slog.Logger `json:"-"`
 	// Progress receives a line per phase as the bench goes. Defaults to none.
@@ -100,6 +108,8 @@ const (
 	DefaultRescueJobs    = 50
 	DefaultReplicas      = 2
 	DefaultLeaseTTL      = topology.DefaultLeaseTTL
+	DefaultDelayedJobs   = 1_000_000
+	DefaultDelayedBurst  = 10_000
 )
 
 // Smoke returns a configuration that runs every scenario once at a tiny
@@ -107,7 +117,7 @@ const (
 func Smoke() Config {
 	return Config{
 		Runs: 1, Jobs: 300, Rate: 200, Duration: time.Second, Schedules: 200, ScheduleLead: 2 * time.Second,
-		IdleSchedules: 10_000, RescueJobs: 5, LeaseTTL: time.Second,
+		IdleSchedules: 10_000, RescueJobs: 5, LeaseTTL: time.Second, DelayedJobs: 2_000, DelayedBurst: 200,
 	}
 }
 
@@ -130,6 +140,8 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.Replicas, DefaultReplicas)
 	setDefault(&c.LeaseTTL, DefaultLeaseTTL)
 	setDefault(&c.DurabilityJobs, c.Jobs)
+	setDefault(&c.DelayedJobs, DefaultDelayedJobs)
+	setDefault(&c.DelayedBurst, DefaultDelayedBurst)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -162,6 +174,8 @@ func (c Config) Validate() error {
 		{"payload-size", c.PayloadSize, 8}, {"rate", c.Rate, 1}, {"schedules", c.Schedules, 1},
 		{"idle-schedules", c.IdleSchedules, 1}, {"rescue-jobs", c.RescueJobs, 1}, {"replicas", c.Replicas, 2},
 		{"durability-jobs", c.DurabilityJobs, 1},
+		{"delayed-jobs", c.DelayedJobs, 1},
+		{"delayed-burst", c.DelayedBurst, 10},
 	} {
 		if v.val != 0 && v.val < v.min {
 			bad(v.key, "must be at least %d, got %d", v.min, v.val)

@@ -71,7 +71,7 @@ func (b *bencher) latency(ctx context.Context, run int) error {
 	if err != nil {
 		return err
 	}
-	offered, err := paced(ctx, producer.Conn, queue, n, b.cfg.Rate, workload.Payload(b.cfg.PayloadSize))
+	offered, err := paced(ctx, producer.Conn, queue, n, b.cfg.Rate, workload.Payload(b.cfg.PayloadSize), headerPublishedAt)
 	if err != nil {
 		return err
 	}
@@ -90,10 +90,11 @@ func (b *bencher) latency(ctx context.Context, run int) error {
 	return nil
 }
 
-// paced publishes n jobs at rate per second, each stamped with the time
-// just before its publish, without waiting for acks in between (a publish
-// late on its slot goes at once), and returns the rate achieved.
-func paced(ctx context.Context, nc *nats.Conn, queue string, n, perSecond int, payload []byte) (float64, error) {
+// paced publishes n jobs at rate per second, each stamped (header stamp)
+// with the time just before its publish, without waiting for acks in
+// between (a publish late on its slot goes at once), and returns the rate
+// achieved.
+func paced(ctx context.Context, nc *nats.Conn, queue string, n, perSecond int, payload []byte, stamp string) (float64, error) {
 	var failed atomic.Int64
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncErrHandler(func(jetstream.JetStream, *nats.Msg, error) { failed.Add(1) }))
 	if err != nil {
@@ -110,7 +111,7 @@ func paced(ctx context.Context, nc *nats.Conn, queue string, n, perSecond int, p
 			protocol.HeaderJobID: {fmt.Sprintf("%s-%d", queue, i)},
 			protocol.HeaderMsgID: {fmt.Sprintf("%s-%d", queue, i)},
 		}}
-		m.Header.Set(headerPublishedAt, strconv.FormatInt(time.Now().UnixNano(), 10))
+		m.Header.Set(stamp, strconv.FormatInt(time.Now().UnixNano(), 10))
 		if _, err := js.PublishMsgAsync(m, jetstream.WithStallWait(time.Minute)); err != nil {
 			return 0, err
 		}

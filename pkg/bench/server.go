@@ -22,8 +22,9 @@ import (
 // fleetStreams are the streams of a jetfleet topology, key-value buckets
 // included; the supervisor adds its own.
 var fleetStreams = []string{
-	protocol.StreamJobs, protocol.StreamDLQ, protocol.StreamEvents, protocol.StreamAdvisories,
+	protocol.StreamDelayed, protocol.StreamJobs, protocol.StreamDLQ, protocol.StreamEvents, protocol.StreamAdvisories,
 	"KV_" + protocol.BucketSchedules, "KV_" + protocol.BucketScheduleState, "KV_" + protocol.BucketLeases, "KV_" + protocol.BucketAgents,
+	"KV_" + protocol.BucketCancels,
 }
 
 // errNeedsOwnServer is returned by open for a scenario that runs a
@@ -45,17 +46,22 @@ type serverOptions struct {
 	// topology to provision (on the embedded server, or on a given server
 	// without a jetfleet topology).
 	topology topology.Config
+	// childServer runs the embedded server in a child process, so that
+	// this process's heap is the fleet's alone.
+	childServer bool
 }
 
 // runServer is the server one run of a scenario uses, and what the run
 // made there: it cleans that up in close.
 type runServer struct {
-	b    *bencher
-	url  string
-	srv  *server.Server // embedded; nil on a given server
-	dir  string
-	topo topology.Config
-	tel  *telemetry.Telemetry
+	b   *bencher
+	url string
+	srv *server.Server // embedded; nil on a given server
+	// child is the embedded server in a child process (childServer).
+	child *childServer
+	dir   string
+	topo  topology.Config
+	tel   *telemetry.Telemetry
 	// created: the run provisioned the topology and deletes it in close.
 	created bool
 	// queues the run used; their consumers and messages go in close.
@@ -79,10 +85,17 @@ func (b *bencher) open(ctx context.Context, opts serverOptions) (_ *runServer, e
 		if rs.dir, err = os.MkdirTemp("", "jetfleet-bench-"); err != nil {
 			return nil, err
 		}
-		if rs.srv, err = embedded.Start(embedded.Options{Port: -1, StoreDir: rs.dir, SyncAlways: opts.syncAlways}); err != nil {
-			return nil, err
+		if opts.childServer {
+			if rs.child, err = startChildServer(ctx, rs.dir); err != nil {
+				return nil, err
+			}
+			rs.url = rs.child.url
+		} else {
+			if rs.srv, err = embedded.Start(embedded.Options{Port: -1, StoreDir: rs.dir, SyncAlways: opts.syncAlways}); err != nil {
+				return nil, err
+			}
+			rs.url = rs.srv.ClientURL()
 		}
-		rs.url = rs.srv.ClientURL()
 		rs.created = true
 		env, err := rs.connect("provision")
 		if err != nil {
@@ -172,7 +185,7 @@ func (rs *runServer) queue(name string) string {
 func (rs *runServer) close(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	if rs.srv == nil && rs.url != "" {
+	if rs.srv == nil && rs.child == nil && rs.url != "" {
 		if err := rs.cleanGiven(ctx); err != nil {
 			rs.b.progress("cleanup on %s: %v", rs.url, err)
 		}
@@ -187,6 +200,9 @@ func (rs *runServer) close(ctx context.Context) {
 	if rs.srv != nil {
 		rs.srv.Shutdown()
 		rs.srv.WaitForShutdown()
+	}
+	if rs.child != nil {
+		rs.child.stop()
 	}
 	if rs.dir != "" {
 		_ = os.RemoveAll(rs.dir)
@@ -220,13 +236,18 @@ func (rs *runServer) cleanGiven(ctx context.Context) error {
 		return errors.Join(errs...)
 	}
 	for _, q := range rs.queues {
-		if err := js.DeleteConsumer(ctx, protocol.StreamJobs, protocol.QueueConsumer(q)); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			errs = append(errs, err)
+		for _, p := range protocol.Priorities {
+			if err := js.DeleteConsumer(ctx, protocol.StreamJobs, protocol.PriorityConsumer(q, p)); err != nil &&
+				!errors.Is(err, jetstream.ErrConsumerNotFound) {
+				errs = append(errs, err)
+			}
 		}
 		for _, p := range []struct{ stream, subject string }{
-			{protocol.StreamJobs, protocol.QueueSubjects(q)},
+			{protocol.StreamJobs, protocol.QueueAllSubjects(q)},
 			{protocol.StreamEvents, "events.job." + q + ".>"},
 			{protocol.StreamDLQ, "dlq." + q + ".>"},
+			{protocol.StreamDelayed, "delayed." + q + ".>"},
+			{protocol.StreamDelayed, "due." + q + ".>"},
 		} {
 			s, err := js.Stream(ctx, p.stream)
 			if err != nil {

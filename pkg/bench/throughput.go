@@ -215,7 +215,7 @@ func (tp *throughputRun) purge(ctx context.Context, queue string) error {
 	if err != nil {
 		return err
 	}
-	if err := jobs.Purge(ctx, jetstream.WithPurgeSubject(protocol.QueueSubjects(queue))); err != nil {
+	if err := jobs.Purge(ctx, jetstream.WithPurgeSubject(protocol.QueueAllSubjects(queue))); err != nil {
 		return fmt.Errorf("purge queue %s: %w", queue, err)
 	}
 	return nil

@@ -90,7 +90,7 @@ var funcs = template.FuncMap{
 		return id
 	},
 	"states": func() []string {
-		return []string{"queued", "delayed", "running", "failed", "succeeded", "dead"}
+		return []string{"queued", "delayed", "running", "failed", "succeeded", "dead", "cancelled"}
 	},
 }
 

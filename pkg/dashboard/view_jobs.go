@@ -2,6 +2,7 @@ package dashboard
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/url"
 	"sort"
@@ -245,29 +246,36 @@ func letterHeaders(dl *jetfleetpb.DeadLetter) map[string][]string {
 	return out
 }
 
-// cancelAction asks the agent running a job to cancel it.
+// cancelAction cancels a job wherever it is (the supervisor's cancel: a
+// running job's agent ends it, a queued or retrying one is removed).
 func (d *Dashboard) cancelAction(w http.ResponseWriter, r *http.Request) {
 	if !d.mayAct(w, r) {
 		return
 	}
-	jobID, agentID := r.PostFormValue("job_id"), r.PostFormValue("agent_id")
+	jobID := r.PostFormValue("job_id")
 	if err := protocol.ValidateJobID(jobID); err != nil {
 		d.fail(w, r, http.StatusBadRequest, "job_id: "+err.Error())
 		return
 	}
-	if err := protocol.ValidateToken("agent id", agentID); err != nil {
-		d.fail(w, r, http.StatusBadRequest, "agent_id: "+err.Error())
-		return
-	}
-	p := principalOf(r.Context())
+	who := actor(principalOf(r.Context()), r)
 	ctx, cancel := d.requestCtx(r)
 	defer cancel()
-	err := d.client.CancelJob(ctx, agentID, jobID, "cancelled from the dashboard by "+actor(p, r))
-	d.record(r, protocol.AuditJobSubject(jobID), protocol.Audit{Action: "cancel", JobID: jobID, Detail: "on agent " + agentID}, err)
+	res, err := d.client.Cancel(ctx, jobID, jetfleet.CancelReason("cancelled from the dashboard by "+who), jetfleet.CancelRequestedBy(who))
+	detail := ""
+	if err == nil {
+		detail = res.Where
+		if res.AgentID != "" {
+			detail += " on agent " + res.AgentID
+		}
+		if res.Error != "" {
+			err = errors.New(res.Error)
+		}
+	}
+	d.record(r, protocol.AuditJobSubject(jobID), protocol.Audit{Action: "cancel", JobID: jobID, Detail: detail}, err)
 	if err != nil {
 		flash(w, "Cancel of job "+jobID+" failed: "+err.Error(), true)
 	} else {
-		flash(w, "Job "+jobID+" cancelled on agent "+agentID+": it is dead-lettered with reason cancelled.", false)
+		flash(w, "Job "+jobID+" cancelled ("+detail+").", false)
 	}
 	back(w, r, "/jobs/"+url.PathEscape(jobID))
 }

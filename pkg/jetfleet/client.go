@@ -23,8 +23,9 @@ type Client struct {
 	js     jetstream.JetStream
 	tracer trace.Tracer
 	mu     sync.Mutex
-	// events is the EVENTS stream, looked up on first use.
-	events jetstream.Stream
+	// events and delayed are the EVENTS and DELAYED streams, looked up on
+	// first use.
+	events, delayed jetstream.Stream
 }
 
 // ClientOption configures a Client.

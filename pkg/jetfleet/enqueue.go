@@ -65,6 +65,29 @@ func WithBackoff(delays ...time.Duration) EnqueueOption {
 	return func(j *protocol.Job) { j.Backoff = append([]time.Duration(nil), delays...) }
 }
 
+// Priorities of a job within its queue (docs/protocol.md §2.3).
+const (
+	PriorityHigh    = protocol.PriorityHigh
+	PriorityDefault = protocol.PriorityDefault
+	PriorityLow     = protocol.PriorityLow
+)
+
+// WithPriority sets the job's priority within its queue: PriorityHigh,
+// PriorityDefault or PriorityLow. An agent with a free slot takes a
+// higher-priority job first; a lower one still gets a share of the slots,
+// so it never starves. Any other value is refused.
+func WithPriority(p string) EnqueueOption { return func(j *protocol.Job) { j.Priority = p } }
+
+// WithProcessAt delays the job until t: it waits in DELAYED, a JetStream
+// message schedule, and is enqueued when due (docs/protocol.md §2.2). A
+// time that has passed enqueues it now (EnqueueResult.ProcessAtPassed).
+func WithProcessAt(t time.Time) EnqueueOption { return func(j *protocol.Job) { j.ProcessAt = t } }
+
+// WithProcessIn delays the job by d from the moment it is enqueued.
+func WithProcessIn(d time.Duration) EnqueueOption {
+	return func(j *protocol.Job) { j.ProcessAt = time.Now().Add(d) }
+}
+
 // WithHeader adds a header to the job's message (for a handler that reads
 // job.Headers). Jetfleet-* and Nats-* headers are set by the options above.
 func WithHeader(key, value string) EnqueueOption {
@@ -81,11 +104,18 @@ type EnqueueResult struct {
 	JobID string `json:"job_id"`
 	Queue string `json:"queue"`
 	Kind  string `json:"kind"`
-	// Sequence is the job message's sequence in JOBS.
+	// Sequence is the job message's sequence in JOBS (in DELAYED for a
+	// delayed job).
 	Sequence uint64 `json:"sequence"`
 	// Duplicate is set when a job with the same id was stored within the
 	// duplicate window: nothing new was stored, Sequence is the first one's.
 	Duplicate bool `json:"duplicate,omitempty"`
+	// ProcessAt is set for a delayed job: it waits in DELAYED (Sequence is
+	// its sequence there) until then.
+	ProcessAt time.Time `json:"process_at,omitzero"`
+	// ProcessAtPassed is set when the job's process_at had passed when it
+	// was enqueued: it was enqueued to run now.
+	ProcessAtPassed bool `json:"process_at_passed,omitempty"`
 	// Err is set by EnqueueMany for a job that was not stored.
 	Err error `json:"-"`
 }
@@ -104,7 +134,21 @@ func (c *Client) Enqueue(ctx context.Context, args Args, opts ...EnqueueOption) 
 	if err != nil {
 		return nil, enqueueError(job, err)
 	}
-	return &EnqueueResult{JobID: job.ID, Queue: job.Queue, Kind: job.Kind, Sequence: ack.Sequence, Duplicate: ack.Duplicate}, nil
+	res := &EnqueueResult{JobID: job.ID, Queue: job.Queue, Kind: job.Kind, Sequence: ack.Sequence, Duplicate: ack.Duplicate}
+	res.setProcessAt(msg, job)
+	return res, nil
+}
+
+// setProcessAt says whether the job was delayed, or enqueued now although
+// it had a process_at.
+func (r *EnqueueResult) setProcessAt(msg *nats.Msg, job *protocol.Job) {
+	switch {
+	case job.ProcessAt.IsZero():
+	case msg.Header.Get(protocol.HeaderNatsSchedule) != "":
+		r.ProcessAt = job.ProcessAt
+	default:
+		r.ProcessAtPassed = true
+	}
 }
 
 // EnqueueParams is one job of EnqueueMany.
@@ -128,6 +172,7 @@ func (c *Client) EnqueueMany(ctx context.Context, params []EnqueueParams) ([]Enq
 			results[i].Err = err
 			continue
 		}
+		results[i].setProcessAt(msg, job)
 		spans[i] = span
 		if futures[i], err = c.js.PublishMsgAsync(msg); err != nil {
 			endSpan(span, nil, err)

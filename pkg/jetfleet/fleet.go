@@ -84,6 +84,8 @@ type JobDetail struct {
 	Event         json.RawMessage `json:"event,omitempty"`
 	EventSequence uint64          `json:"event_sequence,omitempty"`
 	Running       []RunningJob    `json:"running,omitempty"`
+	// Delayed is set while the job waits in DELAYED for its process_at.
+	Delayed *protocol.DelayedJob `json:"delayed,omitempty"`
 }
 
 // Decode returns the latest event, or nil.
@@ -136,6 +138,8 @@ type FleetStatus struct {
 	Running     int           `json:"running"`
 	Queues      []QueueStatus `json:"queues"`
 	DLQDepth    uint64        `json:"dlq_depth"`
+	// Delayed counts the delayed jobs waiting for their process_at.
+	Delayed uint64 `json:"delayed"`
 	// Unroutable counts the jobs in JOBS that no queue consumer delivers
 	// (a queue without a consumer, a subject of the wrong shape); the
 	// leader dead-letters them after supervisor.unroutable_after.
@@ -146,15 +150,19 @@ type FleetStatus struct {
 
 // QueueStatus is one queue's consumer.
 type QueueStatus struct {
-	Queue       string        `json:"queue"`
-	Pending     uint64        `json:"pending"`
-	AckPending  int           `json:"ack_pending"`
-	Redelivered int           `json:"redelivered"`
-	Waiting     int           `json:"waiting"`
-	AckWait     time.Duration `json:"ack_wait"`
-	MaxDeliver  int           `json:"max_deliver"`
-	Paused      bool          `json:"paused,omitempty"`
-	PausedUntil time.Time     `json:"paused_until,omitzero"`
+	Queue string `json:"queue"`
+	// Pending counts the jobs waiting, every priority together;
+	// PendingByPriority splits them when a job of another priority than
+	// default waits (high, default, low).
+	Pending           uint64            `json:"pending"`
+	PendingByPriority map[string]uint64 `json:"pending_by_priority,omitempty"`
+	AckPending        int               `json:"ack_pending"`
+	Redelivered       int               `json:"redelivered"`
+	Waiting           int               `json:"waiting"`
+	AckWait           time.Duration     `json:"ack_wait"`
+	MaxDeliver        int               `json:"max_deliver"`
+	Paused            bool              `json:"paused,omitempty"`
+	PausedUntil       time.Time         `json:"paused_until,omitzero"`
 	// Breaker is open while the circuit breaker holds the queue paused.
 	Breaker string `json:"breaker"`
 	// Declared is set for a queue declared under topology.queues (the
@@ -164,9 +172,11 @@ type QueueStatus struct {
 
 // HistoryStats aggregates executions.
 type HistoryStats struct {
-	Executions  int     `json:"executions"`
-	Succeeded   int     `json:"succeeded"`
-	Dead        int     `json:"dead"`
+	Executions int `json:"executions"`
+	Succeeded  int `json:"succeeded"`
+	Dead       int `json:"dead"`
+	// Cancelled runs count neither as successes nor as failures.
+	Cancelled   int     `json:"cancelled,omitempty"`
 	SuccessRate float64 `json:"success_rate"`
 	// P50 and P95 are percentiles of the last attempt's run time.
 	P50 time.Duration `json:"p50"`

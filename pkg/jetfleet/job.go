@@ -20,7 +20,8 @@ type JobInfo struct {
 	Kind  string `json:"kind"`
 	// State is the latest event's type: started, succeeded, retrying,
 	// snoozed, released, failed, cancelled, dead, rescued, timed_out or
-	// skipped_duplicate.
+	// skipped_duplicate; or StateDelayed for a job waiting for its
+	// process_at.
 	State       string    `json:"state"`
 	Attempt     int       `json:"attempt"`
 	MaxAttempts int       `json:"max_attempts"`
@@ -29,9 +30,14 @@ type JobInfo struct {
 	ErrorCode   string    `json:"error_code,omitempty"`
 	Reason      string    `json:"reason,omitempty"`
 	Time        time.Time `json:"time"`
-	// Event is the latest JobEvent, every field of it.
+	// ProcessAt is when a delayed job (State delayed) becomes due.
+	ProcessAt time.Time `json:"process_at,omitzero"`
+	// Event is the latest JobEvent, every field of it; nil for a delayed job.
 	Event *jetfleetpb.JobEvent `json:"-"`
 }
+
+// StateDelayed is the State of a job waiting in DELAYED for its process_at.
+const StateDelayed = "delayed"
 
 // Done reports whether the job's run is over: succeeded (or an earlier
 // delivery did, skipped_duplicate) or dead-lettered.
@@ -48,8 +54,8 @@ func jobInfo(ev *jetfleetpb.JobEvent) *JobInfo {
 		Error: ev.GetError(), ErrorCode: ev.GetErrorCode(), Reason: ev.GetReason(), Time: ev.GetTime().AsTime(), Event: ev}
 }
 
-// Job returns a job's status. A job without any event yet — still queued,
-// delayed, or unknown — is a not_found error (errors.Is(err,
+// Job returns a job's status; a delayed job's is StateDelayed. A job
+// without any event yet — still queued, or unknown — is a not_found error (errors.Is(err,
 // protocol.Code(protocol.CodeNotFound))).
 func (c *Client) Job(ctx context.Context, id string) (*JobInfo, error) {
 	if err := protocol.ValidateJobID(id); err != nil {
@@ -62,6 +68,19 @@ func (c *Client) Job(ctx context.Context, id string) (*JobInfo, error) {
 	ev, _, err := protocol.LatestJobEvent(ctx, events, "", "", id)
 	if err != nil {
 		return nil, fmt.Errorf("job %s: %w", id, err)
+	}
+	delayedJobs, err := c.delayedStream(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d, err := protocol.LookupDelayed(ctx, delayedJobs, "", "", id)
+	if err != nil {
+		return nil, fmt.Errorf("job %s: %w", id, err)
+	}
+	if d != nil && (ev == nil || protocol.RunOver(ev.GetType())) {
+		// Waiting for its time (an id whose earlier run is over may be
+		// enqueued again, delayed).
+		return &JobInfo{ID: id, Queue: d.Queue, Kind: d.Kind, State: StateDelayed, ProcessAt: d.ProcessAt}, nil
 	}
 	if ev == nil {
 		return nil, protocol.Errorf(protocol.CodeNotFound, "job %s has no event yet: it is queued, or there is no such job", id).WithField("job_id")
@@ -125,15 +144,24 @@ func isNotFound(err error) bool { return protocol.IsCode(err, protocol.CodeNotFo
 
 // eventsStream is the EVENTS stream, looked up once.
 func (c *Client) eventsStream(ctx context.Context) (jetstream.Stream, error) {
+	return c.stream(ctx, &c.events, protocol.StreamEvents)
+}
+
+// delayedStream is the DELAYED stream, looked up once.
+func (c *Client) delayedStream(ctx context.Context) (jetstream.Stream, error) {
+	return c.stream(ctx, &c.delayed, protocol.StreamDelayed)
+}
+
+func (c *Client) stream(ctx context.Context, cached *jetstream.Stream, name string) (jetstream.Stream, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.events != nil {
-		return c.events, nil
+	if *cached != nil {
+		return *cached, nil
 	}
-	s, err := c.js.Stream(ctx, protocol.StreamEvents)
+	s, err := c.js.Stream(ctx, name)
 	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", protocol.StreamEvents, err)
+		return nil, fmt.Errorf("stream %s: %w", name, err)
 	}
-	c.events = s
+	*cached = s
 	return s, nil
 }

@@ -17,7 +17,8 @@ const (
 	// JobQueued: in JOBS, waiting for an agent (never delivered, or handed
 	// back or rescued for an immediate redelivery).
 	JobQueued = "queued"
-	// JobDelayed: in JOBS, snoozed until a later time (no attempt spent).
+	// JobDelayed: waiting for a later time — in DELAYED until its
+	// process_at, or in JOBS snoozed (no attempt spent).
 	JobDelayed = "delayed"
 	// JobRunning: an agent holds it now (its heartbeats list it), or its
 	// latest event says it started.
@@ -29,10 +30,12 @@ const (
 	JobSucceeded = "succeeded"
 	// JobDead: its run ended in the dead letters (newest first).
 	JobDead = "dead"
+	// JobCancelled: its run was cancelled (newest first).
+	JobCancelled = "cancelled"
 )
 
 // JobStates lists the states of a listing, in a job's order of life.
-var JobStates = []string{JobQueued, JobDelayed, JobRunning, JobFailed, JobSucceeded, JobDead}
+var JobStates = []string{JobQueued, JobDelayed, JobRunning, JobFailed, JobSucceeded, JobDead, JobCancelled}
 
 // ValidJobState reports whether s is one of JobStates.
 func ValidJobState(s string) bool {
@@ -56,7 +59,7 @@ type JobListRequest struct {
 	// running, failed) or when its run ended (succeeded, dead).
 	Since time.Time `json:"since,omitzero"`
 	Until time.Time `json:"until,omitzero"`
-	// Cursor is the Next of the previous page.
+	// Cursor is the Next of the previous page (opaque).
 	Cursor uint64 `json:"cursor,omitempty"`
 	// Limit defaults to 50; at most 1000.
 	Limit int `json:"limit,omitempty"`
@@ -65,7 +68,7 @@ type JobListRequest struct {
 // Validate checks r, naming the bad field.
 func (r JobListRequest) Validate() error {
 	if !ValidJobState(r.State) {
-		return protocol.FieldError("state", "must be one of queued, delayed, running, failed, succeeded, dead; got %q", r.State)
+		return protocol.FieldError("state", "must be one of queued, delayed, running, failed, succeeded, dead, cancelled; got %q", r.State)
 	}
 	for field, v := range map[string]string{"queue": r.Queue, "kind": r.Kind, "schedule_id": r.ScheduleID} {
 		if v != "" {

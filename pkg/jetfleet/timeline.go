@@ -170,29 +170,3 @@ func (c *Client) RecordAction(ctx context.Context, subject string, a *protocol.A
 	}
 	return nil
 }
-
-// CancelJob asks the agent running a job to cancel it ({"action":"cancel"}
-// on its control subject, docs/protocol.md §3.6): the agent ends the
-// attempt's context and dead-letters the job with reason cancelled. An
-// agent that does not run the job answers not_found.
-func (c *Client) CancelJob(ctx context.Context, agentID, jobID, reason string) error {
-	if err := protocol.ValidateToken("agent id", agentID); err != nil {
-		return protocol.FieldError("agent_id", "%v", err)
-	}
-	data, err := protocol.Marshal(&jetfleetpb.AgentCommand{Action: protocol.CommandCancel, JobId: jobID, Reason: reason})
-	if err != nil {
-		return err
-	}
-	reply, err := c.nc.RequestWithContext(ctx, protocol.ControlSubject(agentID), data)
-	if err != nil {
-		if err == nats.ErrNoResponders {
-			return protocol.Errorf(protocol.CodeNotFound, "agent %s does not answer (gone)", agentID)
-		}
-		return fmt.Errorf("cancel job %s on agent %s: %w", jobID, agentID, err)
-	}
-	var doc jetfleetpb.Error
-	if len(reply.Data) > 0 && protocol.Unmarshal(reply.Data, &doc) == nil && doc.GetCode() != "" {
-		return protocol.FromDoc(&doc)
-	}
-	return nil
-}

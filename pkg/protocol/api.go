@@ -111,6 +111,8 @@ const (
 	APITrends    = "jetfleet.api.supervisor.trends"
 	APITrendList = "jetfleet.api.supervisor.trends.ls"
 
+	APIJobCancel = "jetfleet.api.jobs.cancel"
+
 	APIQueueList   = "jetfleet.api.queues.ls"
 	APIQueueAdd    = "jetfleet.api.queues.add"
 	APIQueueRemove = "jetfleet.api.queues.rm"

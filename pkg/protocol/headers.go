@@ -22,6 +22,10 @@ const (
 	// HeaderReplayedFrom marks a job republished from the dead-letter stream:
 	// "DLQ:<sequence>".
 	HeaderReplayedFrom = "Jetfleet-Replayed-From"
+	// HeaderProcessAt delays a job until an RFC 3339 time: on a job
+	// published to jobs.<queue>.<kind>, the agent that receives it before
+	// then moves it to DELAYED (docs/protocol.md §2.2).
+	HeaderProcessAt = "Jetfleet-Process-At"
 	// HeaderTraceParent and HeaderTraceState carry W3C trace context, lowercase.
 	HeaderTraceParent = "traceparent"
 	HeaderTraceState  = "tracestate"
@@ -31,6 +35,17 @@ const (
 // without decoding the body.
 const (
 	HeaderDeadReason = "Jetfleet-Dead-Reason"
+)
+
+// JetStream's message schedule headers (server 2.12+): a message on a
+// schedule subject with Nats-Schedule "@at <RFC 3339 time>" is published
+// once, then, on Nats-Schedule-Target, with Nats-Scheduler naming its
+// schedule subject (and Nats-Msg-Id dropped).
+const (
+	HeaderNatsSchedule       = "Nats-Schedule"
+	HeaderNatsScheduleTarget = "Nats-Schedule-Target"
+	HeaderNatsScheduleTTL    = "Nats-Schedule-TTL"
+	HeaderNatsScheduler      = "Nats-Scheduler"
 )
 
 // Headers JetStream adds to messages returned by direct get and message get.

@@ -37,6 +37,15 @@ type Job struct {
 	// ScheduleID and NominalTime are set on jobs fired by the scheduler.
 	ScheduleID  string
 	NominalTime time.Time
+	// ProcessAt delays the job until then (Jetfleet-Process-At). Msg stores
+	// a job due later in DELAYED; one due now or in the past runs now.
+	ProcessAt time.Time
+	// Priority is high, default or low (empty: default): the subject's
+	// fourth token (docs/protocol.md §2.3).
+	Priority string
+	// Fired is set on a job a message schedule published (Nats-Scheduler):
+	// a delayed job that is due, whatever the agent's clock says.
+	Fired bool
 	// ReplayedFrom is set on jobs republished from the dead-letter stream.
 	ReplayedFrom string
 	// Header holds every other header of the message, trace context included.
@@ -44,7 +53,7 @@ type Job struct {
 }
 
 // Subject is where the job is published.
-func (j Job) Subject() string { return JobSubject(j.Queue, j.Kind) }
+func (j Job) Subject() string { return JobSubjectAt(j.Queue, j.Kind, j.Priority) }
 
 // Validate checks what a publisher controls.
 func (j Job) Validate() error {
@@ -59,6 +68,9 @@ func (j Job) Validate() error {
 		if err := ValidateJobID(j.ID); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if err := ValidatePriority(j.Priority); err != nil {
+		errs = append(errs, err)
 	}
 	if j.Timeout < 0 {
 		errs = append(errs, fmt.Errorf("timeout %s is negative", j.Timeout))
@@ -107,7 +119,31 @@ func (j Job) Msg() (*nats.Msg, error) {
 	if j.ReplayedFrom != "" {
 		h.Set(HeaderReplayedFrom, j.ReplayedFrom)
 	}
-	return &nats.Msg{Subject: j.Subject(), Header: h, Data: j.Payload}, nil
+	if j.ProcessAt.IsZero() {
+		return &nats.Msg{Subject: j.Subject(), Header: h, Data: j.Payload}, nil
+	}
+	h.Set(HeaderProcessAt, j.ProcessAt.UTC().Format(time.RFC3339Nano))
+	if !j.Delayed(time.Now()) {
+		return &nats.Msg{Subject: j.Subject(), Header: h, Data: j.Payload}, nil // due: it runs now
+	}
+	if j.ID == "" {
+		return nil, errors.New("a delayed job needs an id: its schedule's subject is named after it")
+	}
+	DelayMsgHeader(h, j.Queue, j.Kind, j.Priority, j.ProcessAt)
+	return &nats.Msg{Subject: DelayedSubject(j.Queue, j.Kind, j.ID), Header: h, Data: j.Payload}, nil
+}
+
+// Delayed reports whether the job is due after now: Msg stores it in
+// DELAYED.
+func (j Job) Delayed(now time.Time) bool { return !j.ProcessAt.IsZero() && j.ProcessAt.After(now) }
+
+// DelayMsgHeader adds to h the message schedule that fires a delayed job of
+// kind on queue at priority at processAt (docs/protocol.md §2.2): once, on its due
+// subject, which JOBS takes it from.
+func DelayMsgHeader(h nats.Header, queue, kind, priority string, processAt time.Time) {
+	h.Set(HeaderNatsSchedule, "@at "+processAt.UTC().Format(time.RFC3339Nano))
+	h.Set(HeaderNatsScheduleTarget, DueSubject(queue, kind, priority))
+	h.Set(HeaderNatsScheduleTTL, DelayedDueTTL)
 }
 
 // HeaderError reports a job header whose value cannot be used.
@@ -133,7 +169,7 @@ func ParseJob(subject string, header nats.Header, payload []byte) (Job, error) {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	j.Queue, j.Kind = queue, kind
+	j.Queue, j.Kind, j.Priority = queue, kind, JobPriority(subject)
 
 	bad := func(name, value, reason string) {
 		errs = append(errs, &HeaderError{Header: name, Value: value, Reason: reason})
@@ -183,6 +219,15 @@ func ParseJob(subject string, header nats.Header, payload []byte) (Job, error) {
 		}
 	}
 	j.ReplayedFrom = header.Get(HeaderReplayedFrom)
+	if v := header.Get(HeaderProcessAt); v != "" {
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			bad(HeaderProcessAt, v, "is not an RFC 3339 time such as 2026-11-25T18:00:00Z")
+		} else {
+			j.ProcessAt = t
+		}
+	}
+	j.Fired = header.Get(HeaderNatsScheduler) != ""
 	return j, errors.Join(errs...)
 }
 

@@ -16,7 +16,19 @@ const (
 	StreamEvents = "EVENTS"
 	// StreamAdvisories captures the JetStream advisories the supervisor acts on.
 	StreamAdvisories = "ADVISORIES"
+	// StreamDelayed holds delayed jobs: a JetStream message schedule each,
+	// on DelayedSubject, which fires the job on DueSubject when it is due;
+	// JOBS sources the due jobs onto jobs.<queue>.<kind>.
+	StreamDelayed = "DELAYED"
 )
+
+// DelayedConsumer is a consumer of DELAYED that is never read: its count of
+// pending messages is the count of delayed jobs.
+const DelayedConsumer = "delayed"
+
+// DelayedDueTTL is how long a due job waits in DELAYED for JOBS to take it
+// (JOBS sources it at once unless JOBS refuses messages, full).
+const DelayedDueTTL = "24h"
 
 // Key-value buckets.
 const (
@@ -24,13 +36,22 @@ const (
 	BucketScheduleState = "schedule_state"
 	BucketLeases        = "leases"
 	BucketAgents        = "agents"
+	// BucketCancels holds the cancels requested for jobs that were not
+	// running (JobCancel documents, key: the job token); agents check it
+	// before they run a job.
+	BucketCancels = "cancels"
 )
 
 // Subject roots and wildcards.
 const (
-	JobsSubjects   = "jobs.>"
-	DLQSubjects    = "dlq.>"
-	EventsSubjects = "events.>"
+	JobsSubjects = "jobs.>"
+	// DelayedSubjects and DueSubjects are the subjects of DELAYED: the
+	// delayed jobs (delayed.<queue>.<kind>.<job token>), and the jobs their
+	// schedules fire (due.<queue>.<kind>).
+	DelayedSubjects = "delayed.>"
+	DueSubjects     = "due.>"
+	DLQSubjects     = "dlq.>"
+	EventsSubjects  = "events.>"
 	// JobEventsSubjects matches every job event.
 	JobEventsSubjects = "events.job.>"
 	// ScheduleEventsSubjects matches every schedule event.
@@ -67,11 +88,65 @@ func QueueConsumer(queue string) string { return "queue-" + queue }
 // JobSubject is the subject a job of kind is published on in queue.
 func JobSubject(queue, kind string) string { return "jobs." + queue + "." + kind }
 
-// QueueSubjects is the filter of queue's consumer.
-func QueueSubjects(queue string) string { return "jobs." + queue + ".>" }
+// DelayedSubject is the subject of the delayed job jobID of kind on queue,
+// its message schedule: one per job id (a second one replaces it).
+func DelayedSubject(queue, kind, jobID string) string {
+	return "delayed." + queue + "." + kind + "." + JobToken(jobID)
+}
 
-// ParseJobSubject splits jobs.<queue>.<kind> into its queue and kind.
+// DelayedOfID matches the delayed job jobID, whatever its queue and kind.
+func DelayedOfID(jobID string) string { return "delayed.*.*." + JobToken(jobID) }
+
+// DelayedFilter matches the delayed jobs of queue and kind; an empty one
+// matches any.
+func DelayedFilter(queue, kind string) string {
+	return "delayed." + cmpOr(queue, "*") + "." + cmpOr(kind, "*") + ".*"
+}
+
+func cmpOr(s, or string) string {
+	if s == "" {
+		return or
+	}
+	return s
+}
+
+// ParseDelayedSubject splits delayed.<queue>.<kind>.<job token>.
+func ParseDelayedSubject(subject string) (queue, kind, jobToken string, err error) {
+	parts := strings.Split(subject, ".")
+	if len(parts) != 4 || parts[0] != "delayed" {
+		return "", "", "", fmt.Errorf("subject %q is not of the form delayed.<queue>.<kind>.<job token>", subject)
+	}
+	return parts[1], parts[2], parts[3], nil
+}
+
+// DueSubject is where the schedule of a delayed job of kind on queue at
+// priority p fires it, in DELAYED; JOBS takes it from there onto
+// JobSubjectAt(queue, kind, p).
+func DueSubject(queue, kind, p string) string {
+	if t := priorityToken(p); t != "" {
+		return "due." + queue + "." + kind + "." + t
+	}
+	return "due." + queue + "." + kind
+}
+
+// QueueSubjects is the filter of queue's default-priority consumer:
+// jobs.<queue>.<kind>, three tokens (priorities have a fourth).
+func QueueSubjects(queue string) string { return "jobs." + queue + ".*" }
+
+// QueueAllSubjects matches every job of queue, at every priority.
+func QueueAllSubjects(queue string) string { return "jobs." + queue + ".>" }
+
+// ParseJobSubject splits jobs.<queue>.<kind> — or
+// jobs.<queue>.<kind>.<priority>, priority high or low (JobPriority) —
+// into its queue and kind.
 func ParseJobSubject(subject string) (queue, kind string, err error) {
+	if strings.Count(subject, ".") == 3 {
+		cut := strings.LastIndexByte(subject, '.')
+		if p := subject[cut+1:]; p != PriorityHigh && p != PriorityLow {
+			return "", "", fmt.Errorf("subject %q is not of the form jobs.<queue>.<kind>[.high|.low]", subject)
+		}
+		subject = subject[:cut]
+	}
 	return parseTwoTokenSubject("jobs", subject)
 }
 

@@ -150,7 +150,9 @@ func TestJobToken(t *testing.T) {
 		tok := protocol.JobToken(id)
 		assert.NotContains(t, tok, ".", id)
 		assert.NotEqual(t, id, tok)
+		assert.Equal(t, id, protocol.JobIDOfToken(tok), "a token gives its id back")
 	}
+	assert.Equal(t, "order-42", protocol.JobIDOfToken("order-42"))
 	assert.NotEqual(t, protocol.JobToken("a:b"), protocol.JobToken("a;b"))
 	assert.Equal(t, "events.job.default.echo.succeeded.order-42", protocol.JobEventSubject("default", "echo", "succeeded", "order-42"))
 	assert.Equal(t, "events.job.*.*.*.order-42", protocol.JobEventsOfID("order-42"))

@@ -34,10 +34,14 @@ func LatestJobEvent(ctx context.Context, events jetstream.Stream, queue, kind, j
 }
 
 // RunEndEvents are the job event types that end a job's run: succeeded,
-// skipped_duplicate (an earlier delivery succeeded) and dead (§4).
-var RunEndEvents = []string{EventSucceeded, EventSkippedDuplicate, EventDead}
+// skipped_duplicate (an earlier delivery succeeded), dead and cancelled (§4).
+var RunEndEvents = []string{EventSucceeded, EventSkippedDuplicate, EventDead, EventCancelled}
 
 // RunOver reports whether an event of type eventType ends a job's run.
 func RunOver(eventType string) bool {
-	return eventType == EventSucceeded || eventType == EventSkippedDuplicate || eventType == EventDead
+	switch eventType {
+	case EventSucceeded, EventSkippedDuplicate, EventDead, EventCancelled:
+		return true
+	}
+	return false
 }

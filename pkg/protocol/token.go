@@ -32,3 +32,17 @@ func JobToken(jobID string) string {
 	}
 	return jobTokenEscapePrefix + base64.RawURLEncoding.EncodeToString([]byte(jobID))
 }
+
+// JobIDOfToken is the job id a job token stands for (JobToken's inverse);
+// a b64_ token that does not decode is returned as it is.
+func JobIDOfToken(token string) string {
+	encoded, ok := strings.CutPrefix(token, jobTokenEscapePrefix)
+	if !ok {
+		return token
+	}
+	id, err := base64.RawURLEncoding.DecodeString(encoded)
+	if err != nil {
+		return token
+	}
+	return string(id)
+}

@@ -15,7 +15,9 @@ const (
 	EventReleased = "released"
 	// EventFailed: the attempt failed and no attempt follows; a dead letter follows.
 	EventFailed = "failed"
-	// EventCancelled: the job was cancelled while running; a dead letter follows.
+	// EventCancelled: the job was cancelled on request (running, queued,
+	// waiting for a retry or delayed); its run is over, without a dead letter.
+	// A cancel that asks for a dead letter records failed and dead instead.
 	EventCancelled = "cancelled"
 	// EventDead: the job was written to the dead-letter stream.
 	EventDead = "dead"

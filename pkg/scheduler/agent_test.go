@@ -63,7 +63,7 @@ func TestWithTheAgentSDK(t *testing.T) {
 	jobs.waitFor(t, first, protocol.EventStarted)
 	clk.Set(utc(overlapStart).Add(20 * time.Second))
 	require.NoError(t, r.Kick(c))
-	jobs.waitFor(t, first, protocol.EventDead)
+	jobs.waitFor(t, first, protocol.EventCancelled)
 	jobs.waitFor(t, second, protocol.EventStarted)
 	g.release(second)
 	jobs.waitFor(t, second, protocol.EventSucceeded)

@@ -118,13 +118,22 @@ func TestOverlapCancelPrevious(t *testing.T) {
 	o.run.waitStarted(first)
 	o.at(t, 20*time.Second) // cancels the 10s run and fires
 	second := nominalJob(20 * time.Second)
-	o.jobs.waitFor(t, first, protocol.EventCancelled)
-	o.jobs.waitFor(t, first, protocol.EventDead)
+	cancelled := o.jobs.waitFor(t, first, protocol.EventCancelled)
+	assert.Equal(t, protocol.ReasonCancelled, cancelled.GetReason())
 	o.run.waitStarted(second)
 	fired := o.events.waitN(t, "ov", protocol.EventFired, 2)
 	assert.Equal(t, "cancel_previous "+first, fired[1].GetReason())
 	assert.Empty(t, o.events.of("ov", protocol.EventSkipped))
 	o.gates.release(second)
+	o.jobs.waitFor(t, second, protocol.EventSucceeded)
+	assert.Zero(t, fleettestStreamMsgs(t, o.f, protocol.StreamDLQ), "a cancelled run is not dead-lettered")
+}
+
+func fleettestStreamMsgs(t *testing.T, f *fleet, stream string) uint64 {
+	t.Helper()
+	s, err := f.js.Stream(ctx(t, 10*time.Second), stream)
+	require.NoError(t, err)
+	return s.CachedInfo().State.Msgs
 }
 
 func TestOverlapAllow(t *testing.T) {

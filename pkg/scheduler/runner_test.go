@@ -160,10 +160,13 @@ func (r *jobRunner) run(msg jetstream.Msg) {
 		}
 		return
 	}
-	reason, last := protocol.ReasonNonRetryable, protocol.EventFailed
 	if ctx.Err() != nil {
-		reason, last = protocol.ReasonCancelled, protocol.EventCancelled
+		// Cancelled (docs/protocol.md §3.2): the event, then TERM; no dead letter.
+		r.event(job, seq, protocol.EventCancelled, protocol.ReasonCancelled)
+		_ = msg.TermWithReason(protocol.ReasonCancelled)
+		return
 	}
+	reason, last := protocol.ReasonNonRetryable, protocol.EventFailed
 	dl := &jetfleetpb.DeadLetter{JobId: job.ID, Queue: job.Queue, Kind: job.Kind, Reason: reason, Attempts: 1,
 		OriginalSubject: msg.Subject(), OriginalStream: protocol.StreamJobs, OriginalSequence: seq, Payload: msg.Data(),
 		FailedAt: timestamppb.Now(), AgentId: r.agentID}
@@ -270,8 +273,8 @@ func watchJobEvents(t *testing.T, nc *nats.Conn) *jobEvents {
 	return e
 }
 
-// waitFor waits for an event of type typ about jobID.
-func (e *jobEvents) waitFor(t *testing.T, jobID, typ string) {
+// waitFor waits for an event of type typ about jobID and returns it.
+func (e *jobEvents) waitFor(t *testing.T, jobID, typ string) *jetfleetpb.JobEvent {
 	t.Helper()
 	deadline := time.After(30 * time.Second)
 	for {
@@ -279,7 +282,7 @@ func (e *jobEvents) waitFor(t *testing.T, jobID, typ string) {
 		for _, ev := range e.events {
 			if ev.GetJobId() == jobID && ev.GetType() == typ {
 				e.mu.Unlock()
-				return
+				return ev
 			}
 		}
 		cond := e.cond
@@ -288,6 +291,7 @@ func (e *jobEvents) waitFor(t *testing.T, jobID, typ string) {
 		case <-cond:
 		case <-deadline:
 			t.Fatalf("no %s event for job %s", typ, jobID)
+			return nil
 		}
 	}
 }

@@ -339,11 +339,8 @@ func (s *Scheduler) cancelRun(prev run, newer string) {
 			return
 		}
 		st, err := s.lastJobEvent(ctx, prev.jobID)
-		if err == nil {
-			switch st.GetType() {
-			case protocol.EventCancelled, protocol.EventFailed:
-				return // ending: a dead letter and a dead event follow
-			}
+		if err == nil && (protocol.RunOver(st.GetType()) || st.GetType() == protocol.EventFailed) {
+			return // over, or ending: a dead letter and a dead event follow a failed event
 		}
 		// Agents that answered that they do not hold the run.
 		notHolding := map[string]bool{}

@@ -29,7 +29,7 @@ const ServiceVersion = "0.2.0"
 func (s *Supervisor) serveAPI() (micro.Service, error) {
 	svc, err := micro.AddService(s.nc, micro.Config{
 		Name: protocol.SupervisorService, Version: ServiceVersion,
-		Description: "jetfleet supervisor: dead letters (ls, get, replay, purge), agents, jobs, history, status, queues (ls, add, rm)",
+		Description: "jetfleet supervisor: dead letters (ls, get, replay, purge), agents, jobs (ls, get, cancel), history, status, queues (ls, add, rm)",
 		Metadata:    map[string]string{"holder": s.rep.Holder()},
 	})
 	if err != nil {
@@ -42,6 +42,7 @@ func (s *Supervisor) serveAPI() (micro.Service, error) {
 		protocol.APIHistory: s.apiHistory, protocol.APIStatus: s.apiStatus,
 		protocol.APIQueueList: s.apiQueues, protocol.APIQueueAdd: s.apiQueueAdd, protocol.APIQueueRemove: s.apiQueueRemove,
 		protocol.APIJobList: s.apiJobList, protocol.APITrends: s.apiTrends, protocol.APITrendList: s.apiTrendList,
+		protocol.APIJobCancel: s.apiCancel,
 	})
 	if err != nil {
 		_ = svc.Stop()
@@ -207,7 +208,10 @@ func (s *Supervisor) apiJob(ctx context.Context, data []byte) (any, error) {
 			res.Running = append(res.Running, j)
 		}
 	}
-	if ev == nil && len(res.Running) == 0 {
+	if res.Delayed, err = protocol.LookupDelayed(ctx, s.delayed, req.Queue, req.Kind, req.JobID); err != nil {
+		return nil, internal(err)
+	}
+	if ev == nil && len(res.Running) == 0 && res.Delayed == nil {
 		return nil, &protocol.Error{Code: protocol.CodeNotFound, Field: "job_id", Message: fmt.Sprintf("no event of job %q", req.JobID)}
 	}
 	return res, nil
@@ -294,6 +298,9 @@ func (s *Supervisor) apiStatus(ctx context.Context, data []byte) (any, error) {
 	}
 	if info, err := s.dlq.Info(ctx); err == nil {
 		res.DLQDepth = info.State.Msgs
+	}
+	if cons, err := s.delayed.Consumer(ctx, protocol.DelayedConsumer); err == nil {
+		res.Delayed = cons.CachedInfo().NumPending
 	}
 	for _, j := range s.tracker.running(now) {
 		if j.State != "running" {

@@ -208,8 +208,10 @@ func (s *Supervisor) handleJobEvent(ctx context.Context, ev *jetfleetpb.JobEvent
 			}
 		}
 	}
-	if ev.GetType() != protocol.EventSucceeded && ev.GetType() != protocol.EventDead {
-		return nil
+	switch ev.GetType() {
+	case protocol.EventSucceeded, protocol.EventDead, protocol.EventCancelled:
+	default:
+		return nil // not the end of a run
 	}
 	sched, err := s.history.record(ctx, ev, seq)
 	if err != nil {

@@ -64,7 +64,7 @@ func (h *history) record(ctx context.Context, ev *jetfleetpb.JobEvent, eventSeq 
 		ErrorCode: ev.GetErrorCode(), TraceId: ev.GetTraceId(), StartedAt: ev.GetStartedAt(), FinishedAt: ev.GetTime(),
 		NominalTime: ev.GetNominalTime(), StreamSequence: ev.GetStreamSequence(), EventSequence: eventSeq,
 	}
-	if ev.GetType() == protocol.EventDead {
+	if ev.GetType() == protocol.EventDead || ev.GetType() == protocol.EventCancelled {
 		rec.Reason = ev.GetReason()
 	}
 	subjects := []string{protocol.HistoryKindSubject(ev.GetQueue(), ev.GetKind())}
@@ -84,8 +84,11 @@ func (h *history) record(ctx context.Context, ev *jetfleetpb.JobEvent, eventSeq 
 			continue
 		}
 		r := proto.Clone(rec).(*jetfleetpb.Execution)
-		if r.GetStatus() == protocol.EventDead {
+		switch r.GetStatus() {
+		case protocol.EventDead:
 			r.ConsecutiveFailures = prev.GetConsecutiveFailures() + 1
+		case protocol.EventCancelled:
+			r.ConsecutiveFailures = prev.GetConsecutiveFailures() // a cancel is no failure, nor a success
 		}
 		data, err := protocol.Marshal(r)
 		if err != nil {
@@ -265,13 +268,15 @@ func statsOf(recs []*jetfleetpb.Execution) jetfleet.HistoryStats {
 			if counting {
 				st.ConsecutiveFailures++
 			}
+		case protocol.EventCancelled:
+			st.Cancelled++ // neither a success nor a failure: the streak goes on
 		}
 		if r.GetDuration() != nil {
 			durations = append(durations, r.GetDuration().AsDuration())
 		}
 	}
-	if st.Executions > 0 {
-		st.SuccessRate = float64(st.Succeeded) / float64(st.Executions)
+	if ended := st.Succeeded + st.Dead; ended > 0 {
+		st.SuccessRate = float64(st.Succeeded) / float64(ended)
 	}
 	slices.Sort(durations)
 	st.P50, st.P95 = percentile(durations, 0.50), percentile(durations, 0.95)

@@ -31,19 +31,91 @@ func (s *Supervisor) apiJobList(ctx context.Context, data []byte) (any, error) {
 		req.Limit = 50
 	}
 	switch req.State {
-	case jetfleet.JobSucceeded, jetfleet.JobDead:
+	case jetfleet.JobSucceeded, jetfleet.JobDead, jetfleet.JobCancelled:
 		return s.listFinished(ctx, req)
 	case jetfleet.JobRunning:
 		return s.listRunning(ctx, req)
+	case jetfleet.JobDelayed:
+		// First the jobs in DELAYED, then the snoozed ones in JOBS; a
+		// cursor with jobsCursor set goes on in JOBS.
+		if req.Cursor&jobsCursor == 0 {
+			res, err := s.listDelayed(ctx, req)
+			if err != nil || res.Next != 0 {
+				return res, err
+			}
+			rest := req
+			rest.Cursor, rest.Limit = 0, req.Limit-len(res.Jobs)
+			if rest.Limit == 0 {
+				res.Next = jobsCursor
+				return res, nil
+			}
+			more, err := s.listInJobs(ctx, rest)
+			if err != nil {
+				return nil, err
+			}
+			res.Jobs, res.Scanned = append(res.Jobs, more.Jobs...), res.Scanned+more.Scanned
+			if more.Next != 0 {
+				res.Next = more.Next | jobsCursor
+			}
+			return res, nil
+		}
+		req.Cursor &^= jobsCursor
+		res, err := s.listInJobs(ctx, req)
+		if err == nil && res.Next != 0 {
+			res.Next |= jobsCursor
+		}
+		return res, err
 	}
 	return s.listInJobs(ctx, req)
+}
+
+// jobsCursor marks a cursor of the delayed listing that goes on in JOBS.
+const jobsCursor = uint64(1) << 62
+
+// listDelayed pages through the jobs waiting in DELAYED for their time.
+func (s *Supervisor) listDelayed(ctx context.Context, req jetfleet.JobListRequest) (*jetfleet.JobListResponse, error) {
+	res := &jetfleet.JobListResponse{Jobs: []jetfleet.JobListEntry{}}
+	seq := req.Cursor + 1
+	for res.Scanned < jobListScan {
+		msgs, err := protocol.DirectGetBatch(ctx, s.nc, protocol.StreamDelayed,
+			protocol.DirectGetRequest{Seq: seq, NextBySubject: protocol.DelayedFilter(req.Queue, req.Kind), Batch: 256})
+		if err != nil {
+			return res, nil // no DELAYED stream (an older topology): nothing delayed there
+		}
+		for _, m := range msgs {
+			seq = m.Sequence + 1
+			res.Scanned++
+			d := protocol.DelayedJobOf(m.Subject, m.Header.Get(protocol.HeaderNatsSchedule), m.Sequence)
+			job, _ := protocol.ParseJob(protocol.JobSubject(d.Queue, d.Kind), m.Header, nil)
+			if (req.ScheduleID != "" && job.ScheduleID != req.ScheduleID) || (!req.Since.IsZero() && m.Time.Before(req.Since)) ||
+				(!req.Until.IsZero() && m.Time.After(req.Until)) {
+				continue
+			}
+			res.Jobs = append(res.Jobs, jetfleet.JobListEntry{JobID: d.JobID, Queue: d.Queue, Kind: d.Kind, ScheduleID: job.ScheduleID,
+				State: jetfleet.JobDelayed, EnqueuedAt: m.Time, Time: m.Time, RetryAt: d.ProcessAt})
+			if len(res.Jobs) >= req.Limit {
+				res.Next = m.Sequence
+				return res, nil
+			}
+		}
+		if len(msgs) < 256 {
+			return res, nil
+		}
+	}
+	res.Next = seq - 1
+	return res, nil
 }
 
 // listInJobs pages through JOBS from the cursor, oldest first.
 func (s *Supervisor) listInJobs(ctx context.Context, req jetfleet.JobListRequest) (*jetfleet.JobListResponse, error) {
 	res := &jetfleet.JobListResponse{Jobs: []jetfleet.JobListEntry{}}
 	held := s.tracker.heldSequences()
-	filter := protocol.JobSubject(star(req.Queue), star(req.Kind))
+	// Every priority (jobs.<queue>.<kind> and jobs.<queue>.<kind>.high|low):
+	// queue and kind are checked on each message.
+	filter := protocol.JobsSubjects
+	if req.Queue != "" {
+		filter = protocol.QueueAllSubjects(req.Queue)
+	}
 	seq := req.Cursor + 1
 	if req.Cursor == 0 && !req.Since.IsZero() {
 		first, err := protocol.FirstSeqAt(ctx, s.nc, protocol.StreamJobs, req.Since)
@@ -72,7 +144,7 @@ func (s *Supervisor) listInJobs(ctx context.Context, req jetfleet.JobListRequest
 			if job.ID == "" {
 				job.ID = protocol.FallbackJobID(m.Sequence)
 			}
-			if req.ScheduleID != "" && job.ScheduleID != req.ScheduleID {
+			if (req.ScheduleID != "" && job.ScheduleID != req.ScheduleID) || (req.Kind != "" && job.Kind != req.Kind) {
 				continue
 			}
 			ev, evSeq, err := protocol.LatestJobEvent(ctx, s.events, job.Queue, job.Kind, job.ID)
@@ -132,8 +204,10 @@ func classify(ev *jetfleetpb.JobEvent, held bool, now time.Time, e *jetfleet.Job
 	case protocol.EventRetrying:
 		e.RetryAt = retryAt()
 		return jetfleet.JobFailed
-	case protocol.EventTimedOut, protocol.EventFailed, protocol.EventCancelled:
+	case protocol.EventTimedOut, protocol.EventFailed:
 		return jetfleet.JobFailed
+	case protocol.EventCancelled:
+		return jetfleet.JobCancelled
 	case protocol.EventSucceeded, protocol.EventSkippedDuplicate:
 		return jetfleet.JobSucceeded
 	case protocol.EventDead:

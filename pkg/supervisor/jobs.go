@@ -57,6 +57,13 @@ func (s *Supervisor) publishJobEvent(ctx context.Context, ev *jetfleetpb.JobEven
 // DLQ (errNotLeader): a replica whose lease lapsed while it asked the
 // server leaves the job to the next leader.
 func (s *Supervisor) deadLetterSeq(ctx context.Context, seq uint64, reason string, deliveries uint64, detail string) (bool, error) {
+	return s.moveToDLQ(ctx, seq, reason, deliveries, detail, true)
+}
+
+// moveToDLQ is deadLetterSeq; fenced checks leadership before the steps
+// that act on JOBS and DLQ. An operator's request (a cancel) is not
+// fenced: any replica serves it.
+func (s *Supervisor) moveToDLQ(ctx context.Context, seq uint64, reason string, deliveries uint64, detail string, fenced bool) (bool, error) {
 	s.dlMu.Lock()
 	defer s.dlMu.Unlock()
 	rctx, cancel := s.requestCtx(ctx)
@@ -98,6 +105,8 @@ func (s *Supervisor) deadLetterSeq(ctx context.Context, seq uint64, reason strin
 		dl.ErrorCode = protocol.CodeUnroutable
 	case protocol.ReasonInvalidSubject:
 		dl.ErrorCode = protocol.CodeInvalidSubject
+	case protocol.ReasonCancelled:
+		dl.ErrorCode = protocol.CodeCancelled
 	}
 	if detail != "" {
 		if dl.LastError != "" {
@@ -111,7 +120,7 @@ func (s *Supervisor) deadLetterSeq(ctx context.Context, seq uint64, reason strin
 	if err != nil {
 		return false, err
 	}
-	if !s.IsLeader() {
+	if fenced && !s.IsLeader() {
 		return false, errNotLeader
 	}
 	if _, err := s.js.PublishMsg(rctx, msg); err != nil {
@@ -133,7 +142,7 @@ func (s *Supervisor) deadLetterSeq(ctx context.Context, seq uint64, reason strin
 	if err := s.publishJobEvent(rctx, ev, protocol.JobEventMsgID(protocol.EventDead, seq, 0)); err != nil {
 		return false, fmt.Errorf("dead event of JOBS %d: %w", seq, err)
 	}
-	if !s.IsLeader() {
+	if fenced && !s.IsLeader() {
 		return false, errNotLeader
 	}
 	if err := s.jobs.DeleteMsg(rctx, seq); err != nil {

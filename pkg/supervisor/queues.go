@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -54,32 +53,17 @@ func (s *Supervisor) apiQueueAdd(ctx context.Context, data []byte) (any, error) 
 		return nil, protocol.Errorf(protocol.CodeConflict,
 			"queue %s is declared under topology.queues in the fleet's configuration: change its settings there", req.Queue).WithField("queue")
 	}
-	want := topology.QueueConsumerConfig(req.Queue, s.topo.Queue(req.Queue))
+	queueSettings := s.topo.Queue(req.Queue)
 	if custom {
-		want = topology.QueueConsumerConfig(req.Queue, settings)
+		queueSettings = settings
 	}
-	created := true
-	if _, err := s.js.CreateConsumer(ctx, protocol.StreamJobs, want); errors.Is(err, jetstream.ErrConsumerExists) {
-		// It exists with other settings: an explicit request changes them,
-		// keeping a breaker's pause.
-		created = false
-		cur, cerr := s.jobs.Consumer(ctx, want.Name)
-		if cerr != nil {
-			return nil, internal(cerr)
+	created := false
+	for _, p := range protocol.Priorities {
+		made, err := s.addQueueConsumer(ctx, topology.PriorityConsumerConfig(req.Queue, p, queueSettings), custom)
+		if err != nil {
+			return nil, err
 		}
-		have := cur.CachedInfo().Config
-		if have.FilterSubject != want.FilterSubject || have.AckPolicy != want.AckPolicy {
-			return nil, protocol.Errorf(protocol.CodeConflict, "consumer %s exists with filter %q and ack policy %s, not a jetfleet queue",
-				want.Name, have.FilterSubject, have.AckPolicy)
-		}
-		if custom {
-			want.PauseUntil = have.PauseUntil
-			if _, err := s.js.UpdateConsumer(ctx, protocol.StreamJobs, want); err != nil {
-				return nil, internal(err)
-			}
-		}
-	} else if err != nil {
-		return nil, internal(err)
+		created = created || (made && p == protocol.PriorityDefault)
 	}
 	st, err := s.queueStatus(ctx, req.Queue)
 	if err != nil {
@@ -89,6 +73,41 @@ func (s *Supervisor) apiQueueAdd(ctx context.Context, data []byte) (any, error) 
 		s.log.Info("queue created", telemetry.LogQueue, req.Queue, "ack_wait", st.AckWait.String(), "max_deliver", st.MaxDeliver)
 	}
 	return &jetfleet.QueueAddResponse{Queue: *st, Created: created}, nil
+}
+
+// addQueueConsumer creates one consumer of a queue, or, when it exists and
+// update is set, brings it to want (keeping a breaker's pause). It reports
+// whether it created it.
+func (s *Supervisor) addQueueConsumer(ctx context.Context, want jetstream.ConsumerConfig, update bool) (bool, error) {
+	_, err := s.js.CreateConsumer(ctx, protocol.StreamJobs, want)
+	if err == nil {
+		return true, nil
+	}
+	if !errors.Is(err, jetstream.ErrConsumerExists) {
+		return false, internal(err)
+	}
+	cur, err := s.jobs.Consumer(ctx, want.Name)
+	if err != nil {
+		return false, internal(err)
+	}
+	have := cur.CachedInfo().Config
+	if have.AckPolicy != want.AckPolicy || (have.FilterSubject != want.FilterSubject && have.FilterSubject != protocol.QueueAllSubjects(queueOf(want.Name))) {
+		return false, protocol.Errorf(protocol.CodeConflict, "consumer %s exists with filter %q and ack policy %s, not a jetfleet queue",
+			want.Name, have.FilterSubject, have.AckPolicy)
+	}
+	if update || have.FilterSubject != want.FilterSubject {
+		want.PauseUntil = have.PauseUntil
+		if _, err := s.js.UpdateConsumer(ctx, protocol.StreamJobs, want); err != nil {
+			return false, internal(err)
+		}
+	}
+	return false, nil
+}
+
+// queueOf is the queue of a queue consumer's name.
+func queueOf(consumer string) string {
+	queue, _, _ := protocol.ParseQueueConsumer(consumer)
+	return queue
 }
 
 func (s *Supervisor) apiQueueRemove(ctx context.Context, data []byte) (any, error) {
@@ -113,24 +132,34 @@ func (s *Supervisor) apiQueueRemove(ctx context.Context, data []byte) (any, erro
 			"queue %s still holds %d jobs (%d queued, %d running); drain it first, or force the removal: its jobs are then dead-lettered with reason unroutable",
 			req.Queue, jobs, st.Pending, st.AckPending)
 	}
-	if err := s.js.DeleteConsumer(ctx, protocol.StreamJobs, protocol.QueueConsumer(req.Queue)); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return nil, internal(err)
+	for _, p := range protocol.Priorities {
+		if err := s.js.DeleteConsumer(ctx, protocol.StreamJobs, protocol.PriorityConsumer(req.Queue, p)); err != nil &&
+			!errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil, internal(err)
+		}
 	}
 	s.log.Warn("queue removed", telemetry.LogQueue, req.Queue, "jobs", jobs)
 	return &jetfleet.QueueRemoveResponse{Queue: req.Queue, Jobs: jobs}, nil
 }
 
-// queueStatuses lists every queue consumer of JOBS, sorted by queue.
+// queueStatuses lists every queue of JOBS, sorted by queue: the consumers
+// of its priorities added up.
 func (s *Supervisor) queueStatuses(ctx context.Context) ([]jetfleet.QueueStatus, error) {
-	out := []jetfleet.QueueStatus{}
+	byQueue := map[string][]*jetstream.ConsumerInfo{}
 	lister := s.jobs.ListConsumers(ctx)
 	for ci := range lister.Info() {
-		if qs, ok := s.statusOf(ctx, ci); ok {
-			out = append(out, qs)
+		if queue, _, ok := protocol.ParseQueueConsumer(ci.Name); ok {
+			byQueue[queue] = append(byQueue[queue], ci)
 		}
 	}
 	if err := lister.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
 		return nil, err
+	}
+	out := []jetfleet.QueueStatus{}
+	for queue, infos := range byQueue {
+		if qs, ok := s.statusOf(ctx, queue, infos); ok {
+			out = append(out, qs)
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Queue < out[j].Queue })
 	return out, nil
@@ -138,25 +167,52 @@ func (s *Supervisor) queueStatuses(ctx context.Context) ([]jetfleet.QueueStatus,
 
 // queueStatus is one queue's status; not_found when it has no consumer.
 func (s *Supervisor) queueStatus(ctx context.Context, queue string) (*jetfleet.QueueStatus, error) {
-	cons, err := s.jobs.Consumer(ctx, protocol.QueueConsumer(queue))
-	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+	var infos []*jetstream.ConsumerInfo
+	for _, p := range protocol.Priorities {
+		cons, err := s.jobs.Consumer(ctx, protocol.PriorityConsumer(queue, p))
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, internal(err)
+		}
+		infos = append(infos, cons.CachedInfo())
+	}
+	qs, ok := s.statusOf(ctx, queue, infos)
+	if !ok {
 		return nil, protocol.Errorf(protocol.CodeNotFound, "queue %s does not exist", queue).WithField("queue")
 	}
-	if err != nil {
-		return nil, internal(err)
-	}
-	qs, _ := s.statusOf(ctx, cons.CachedInfo())
 	return &qs, nil
 }
 
-func (s *Supervisor) statusOf(ctx context.Context, ci *jetstream.ConsumerInfo) (jetfleet.QueueStatus, bool) {
-	queue, ok := strings.CutPrefix(ci.Name, protocol.QueueConsumer(""))
-	if !ok {
+// statusOf adds up the consumers of queue's priorities; the default one
+// gives the settings. ok is false without it.
+func (s *Supervisor) statusOf(ctx context.Context, queue string, infos []*jetstream.ConsumerInfo) (jetfleet.QueueStatus, bool) {
+	var def *jetstream.ConsumerInfo
+	qs := jetfleet.QueueStatus{Queue: queue, Breaker: "closed", Declared: s.topo.Declared(queue)}
+	for _, ci := range infos {
+		_, p, _ := protocol.ParseQueueConsumer(ci.Name)
+		if p == protocol.PriorityDefault {
+			def = ci
+		} else if ci.NumPending > 0 {
+			if qs.PendingByPriority == nil {
+				qs.PendingByPriority = map[string]uint64{}
+			}
+			qs.PendingByPriority[p] = ci.NumPending
+		}
+		qs.Pending += ci.NumPending
+		qs.AckPending += ci.NumAckPending
+		qs.Redelivered += ci.NumRedelivered
+		qs.Waiting += ci.NumWaiting
+	}
+	if def == nil {
 		return jetfleet.QueueStatus{}, false
 	}
-	qs := jetfleet.QueueStatus{Queue: queue, Pending: ci.NumPending, AckPending: ci.NumAckPending, Redelivered: ci.NumRedelivered,
-		Waiting: ci.NumWaiting, AckWait: ci.Config.AckWait, MaxDeliver: ci.Config.MaxDeliver, Paused: ci.Paused, Breaker: "closed",
-		Declared: s.topo.Declared(queue)}
+	if len(qs.PendingByPriority) > 0 {
+		qs.PendingByPriority[protocol.PriorityDefault] = def.NumPending
+	}
+	ci := def
+	qs.AckWait, qs.MaxDeliver, qs.Paused = ci.Config.AckWait, ci.Config.MaxDeliver, ci.Paused
 	if ci.Paused && ci.Config.PauseUntil != nil {
 		qs.PausedUntil = *ci.Config.PauseUntil
 	}

@@ -38,25 +38,26 @@ func TestJobsNoQueueServesAreDeadLettered(t *testing.T) {
 	publish("jobs.default", "two-tokens")
 	publish("jobs."+long+".x", "long-token")
 	publish("jobs.nosuchqueue.echo", "no-queue")
+	publish("jobs.later.echo.urgent", "no-such-priority")
 	publish("jobs.later.echo", "queue-appears")
 
 	f.leader(t, fast(supervisor.Config{UnroutableAfter: 2 * time.Second}), nil)
 	status, err := f.client.Status(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, uint64(4), status.Unroutable, "the status counts the jobs no queue serves")
+	assert.Equal(t, uint64(5), status.Unroutable, "the status counts the jobs no queue serves")
 	f.startAgent(t, "", agent.Config{Queues: []string{"later"}}, func(a *agent.Agent) {
 		must(t, a.Register("echo", func(context.Context, *agent.Job) error { return nil }, agent.KindOptions{}))
 	})
 
 	want := map[string]string{"two-tokens": protocol.ReasonInvalidSubject, "long-token": protocol.ReasonInvalidSubject,
-		"no-queue": protocol.ReasonUnroutable}
+		"no-queue": protocol.ReasonUnroutable, "no-such-priority": protocol.ReasonInvalidSubject}
 	for id, reason := range want {
 		dead := f.events.WaitFor(t, 15*time.Second, id, protocol.EventDead)
 		assert.Equal(t, reason, dead.GetReason(), id)
 	}
 	f.events.WaitFor(t, 15*time.Second, "queue-appears", protocol.EventSucceeded)
 	letters := fleettest.DeadLetters(t, f.js)
-	require.Len(t, letters, 3)
+	require.Len(t, letters, 4)
 	for _, dl := range letters {
 		assert.Equal(t, want[dl.GetJobId()], dl.GetReason(), dl.GetJobId())
 		assert.NotEmpty(t, dl.GetLastError())

@@ -2,8 +2,8 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -179,7 +179,7 @@ func (r *rates) open(ctx context.Context, now time.Time, queue string, fail, see
 	if !s.IsLeader() {
 		return
 	}
-	if _, err := s.js.PauseConsumer(rctx, protocol.StreamJobs, protocol.QueueConsumer(queue), time.Now().Add(p.CoolDown)); err != nil {
+	if err := s.pauseQueue(rctx, queue, time.Now().Add(p.CoolDown)); err != nil {
 		s.log.Warn("circuit breaker cannot pause the queue", telemetry.LogQueue, queue, telemetry.LogError, err)
 		r.mu.Lock()
 		r.queueLocked(queue).retryAt = now.Add(10 * s.cfg.CheckInterval)
@@ -201,6 +201,28 @@ func (r *rates) open(ctx context.Context, now time.Time, queue string, fail, see
 	s.alerter.raise(ctx, &jetfleetpb.Alert{Key: "breaker:" + queue, Type: "breaker_opened", Severity: protocol.SeverityCritical,
 		Queue: queue, Value: rate, Threshold: p.FailureRate, Reason: reason,
 		Summary: fmt.Sprintf("queue %s paused for %s by its circuit breaker: %s", queue, p.CoolDown, reason)})
+}
+
+// pauseQueue pauses the consumers of every priority of queue until until.
+func (s *Supervisor) pauseQueue(ctx context.Context, queue string, until time.Time) error {
+	for _, p := range protocol.Priorities {
+		_, err := s.js.PauseConsumer(ctx, protocol.StreamJobs, protocol.PriorityConsumer(queue, p), until)
+		if err != nil && !(p != protocol.PriorityDefault && errors.Is(err, jetstream.ErrConsumerNotFound)) {
+			return err
+		}
+	}
+	return nil
+}
+
+// resumeQueue resumes the consumers of every priority of queue.
+func (s *Supervisor) resumeQueue(ctx context.Context, queue string) error {
+	for _, p := range protocol.Priorities {
+		_, err := s.js.ResumeConsumer(ctx, protocol.StreamJobs, protocol.PriorityConsumer(queue, p))
+		if err != nil && !(p != protocol.PriorityDefault && errors.Is(err, jetstream.ErrConsumerNotFound)) {
+			return err
+		}
+	}
+	return nil
 }
 
 // tick closes breakers whose cool-down ended: the consumer is resumed (the
@@ -227,7 +249,7 @@ func (r *rates) close(ctx context.Context, now time.Time, queue string) {
 	if !s.IsLeader() {
 		return
 	}
-	if _, err := s.js.ResumeConsumer(rctx, protocol.StreamJobs, protocol.QueueConsumer(queue)); err != nil {
+	if err := s.resumeQueue(rctx, queue); err != nil {
 		s.log.Warn("circuit breaker cannot resume the queue; retrying", telemetry.LogQueue, queue, telemetry.LogError, err)
 		return
 	}
@@ -255,7 +277,7 @@ func (r *rates) adopt(ctx context.Context) {
 	lister := s.jobs.ListConsumers(rctx)
 	paused := map[string]time.Duration{}
 	for ci := range lister.Info() {
-		if queue, ok := strings.CutPrefix(ci.Name, protocol.QueueConsumer("")); ok && ci.Paused {
+		if queue, p, ok := protocol.ParseQueueConsumer(ci.Name); ok && p == protocol.PriorityDefault && ci.Paused {
 			paused[queue] = ci.PauseRemaining
 		}
 	}

@@ -41,8 +41,10 @@ type Supervisor struct {
 	// lease, and the leader's tasks (leaderTasks).
 	rep *replica.Replica
 
-	jobs, dlq, events, store jetstream.Stream
-	agentsKV, leases         jetstream.KeyValue
+	jobs, dlq, events, store, delayed jetstream.Stream
+	agentsKV, leases                  jetstream.KeyValue
+	// cancelsKV records the cancels of jobs (cancel.go).
+	cancelsKV jetstream.KeyValue
 
 	// client calls the scheduler's API (pausing a failing schedule).
 	client  *jetfleet.Client
@@ -131,7 +133,7 @@ func (s *Supervisor) Start(ctx context.Context) error {
 	for _, st := range []struct {
 		s    *jetstream.Stream
 		name string
-	}{{&s.jobs, protocol.StreamJobs}, {&s.dlq, protocol.StreamDLQ}, {&s.events, protocol.StreamEvents}} {
+	}{{&s.jobs, protocol.StreamJobs}, {&s.dlq, protocol.StreamDLQ}, {&s.events, protocol.StreamEvents}, {&s.delayed, protocol.StreamDelayed}} {
 		if *st.s, err = s.js.Stream(ctx, st.name); err != nil {
 			return fail(fmt.Errorf("stream %s: %w", st.name, err))
 		}
@@ -141,6 +143,9 @@ func (s *Supervisor) Start(ctx context.Context) error {
 	}
 	if s.leases, err = s.js.KeyValue(ctx, protocol.BucketLeases); err != nil {
 		return fail(fmt.Errorf("bucket %s: %w", protocol.BucketLeases, err))
+	}
+	if s.cancelsKV, err = s.js.KeyValue(ctx, protocol.BucketCancels); err != nil {
+		return fail(fmt.Errorf("bucket %s: %w", protocol.BucketCancels, err))
 	}
 	if err := s.provision(ctx); err != nil {
 		return fail(err)

@@ -75,6 +75,26 @@ func (t *tracker) running(now time.Time) []jetfleet.RunningJob {
 	return out
 }
 
+// holders returns the live agents whose latest heartbeat lists jobID.
+func (t *tracker) holders(jobID string) []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []string
+	for id, a := range t.agents {
+		if a.dead {
+			continue
+		}
+		for _, j := range a.hb.GetJobs() {
+			if j.GetJobId() == jobID {
+				out = append(out, id)
+				break
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
 // heldSequences are the job messages agents not declared dead hold.
 func (t *tracker) heldSequences() map[uint64]bool {
 	t.mu.Lock()

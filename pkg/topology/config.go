@@ -40,6 +40,10 @@ type Config struct {
 	LeaseTTL time.Duration `koanf:"lease_ttl"`
 	// AgentTTL is how long an agent stays registered without a heartbeat. Defaults to 15s.
 	AgentTTL time.Duration `koanf:"agent_ttl"`
+	// CancelTTL is how long a cancel requested for a job that is not
+	// running (queued, delayed, waiting for a retry) waits in bucket cancels
+	// for an agent to receive the job. Defaults to 168h (7 days).
+	CancelTTL time.Duration `koanf:"cancel_ttl"`
 	// Queues configures the consumer of each queue; queues not listed use DefaultQueue.
 	Queues map[string]QueueConfig `koanf:"queues"`
 	// VerifyOnly makes a service check that the streams and buckets exist
@@ -76,6 +80,7 @@ const (
 	DefaultEventsMaxAge    = 7 * 24 * time.Hour
 	DefaultLeaseTTL        = 5 * time.Second
 	DefaultAgentTTL        = 15 * time.Second
+	DefaultCancelTTL       = 7 * 24 * time.Hour
 	DefaultAckWait         = 30 * time.Second
 	DefaultMaxDeliver      = 20
 	DefaultMaxAckPending   = 10000
@@ -91,6 +96,7 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.EventsMaxAge, DefaultEventsMaxAge)
 	setDefault(&c.LeaseTTL, DefaultLeaseTTL)
 	setDefault(&c.AgentTTL, DefaultAgentTTL)
+	setDefault(&c.CancelTTL, DefaultCancelTTL)
 	queues := make(map[string]QueueConfig, len(c.Queues))
 	for name, q := range c.Queues {
 		queues[name] = q.WithDefaults()
@@ -154,7 +160,7 @@ func (c Config) Validate(section string) error {
 	}
 	for k, d := range map[string]time.Duration{
 		"duplicate_window": c.DuplicateWindow, "dlq_max_age": c.DLQMaxAge, "events_max_age": c.EventsMaxAge,
-		"lease_ttl": c.LeaseTTL, "agent_ttl": c.AgentTTL,
+		"lease_ttl": c.LeaseTTL, "agent_ttl": c.AgentTTL, "cancel_ttl": c.CancelTTL,
 	} {
 		if d < 0 {
 			errs = append(errs, config.Invalid(key(k), "must not be negative, got %s", d))

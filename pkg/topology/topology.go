@@ -36,6 +36,28 @@ func Streams(c Config) []jetstream.StreamConfig {
 	storage := storageType(c.Storage)
 	return []jetstream.StreamConfig{
 		{
+			// Delayed jobs: a message schedule each, until it fires the job
+			// onto its due subject, from which JOBS takes it. No limit may
+			// drop a delayed job, nor a due one before JOBS took it: the due
+			// ones leave after protocol.DelayedDueTTL (a per-message TTL).
+			Name:              protocol.StreamDelayed,
+			Description:       "jetfleet delayed jobs: delayed.<queue>.<kind>.<job>, fired onto due.<queue>.<kind>",
+			Subjects:          []string{protocol.DelayedSubjects, protocol.DueSubjects},
+			Retention:         jetstream.LimitsPolicy,
+			Discard:           jetstream.DiscardOld,
+			MaxMsgs:           -1,
+			MaxBytes:          -1,
+			MaxAge:            0,
+			MaxMsgSize:        int32(c.MaxJobSize),
+			Storage:           storage,
+			Replicas:          c.Replicas,
+			Duplicates:        c.DuplicateWindow,
+			AllowDirect:       true,
+			AllowMsgSchedules: true,
+			AllowMsgTTL:       true,
+			AllowRollup:       true,
+		},
+		{
 			Name:        protocol.StreamJobs,
 			Description: "jetfleet jobs: jobs.<queue>.<kind>",
 			Subjects:    []string{protocol.JobsSubjects},
@@ -49,6 +71,16 @@ func Streams(c Config) []jetstream.StreamConfig {
 			Replicas:    c.Replicas,
 			Duplicates:  c.DuplicateWindow,
 			AllowDirect: true,
+			// Delayed jobs come from DELAYED when due: due.<queue>.<kind>
+			// becomes jobs.<queue>.<kind> (and due.<queue>.<kind>.<priority>
+			// jobs.<queue>.<kind>.<priority>).
+			Sources: []*jetstream.StreamSource{{
+				Name: protocol.StreamDelayed,
+				SubjectTransforms: []jetstream.SubjectTransformConfig{
+					{Source: "due.*.*", Destination: "jobs.{{wildcard(1)}}.{{wildcard(2)}}"},
+					{Source: "due.*.*.*", Destination: "jobs.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}"},
+				},
+			}},
 		},
 		{
 			Name:        protocol.StreamDLQ,
@@ -115,6 +147,7 @@ func buckets(c Config) []bucketSpec {
 		{cfg: kv(protocol.BucketScheduleState, "jetfleet schedule state", 1, 0)},
 		{cfg: kv(protocol.BucketLeases, "jetfleet leader leases", 1, c.LeaseTTL), disposable: true},
 		{cfg: kv(protocol.BucketAgents, "jetfleet agent registry", 1, c.AgentTTL), disposable: true},
+		{cfg: kv(protocol.BucketCancels, "jetfleet cancels of jobs not running", 1, c.CancelTTL)},
 	}
 }
 
@@ -129,6 +162,25 @@ func Ensure(ctx context.Context, js jetstream.JetStream, c Config) error {
 		if err := ensureBucket(ctx, js, b, c.AllowDestructiveUpdates); err != nil {
 			return err
 		}
+	}
+	return ensureDelayedConsumer(ctx, js)
+}
+
+// DelayedConsumerConfig is the consumer of DELAYED nobody reads: its
+// pending count is the count of delayed jobs (cheap to ask, where counting
+// a million subjects is not).
+func DelayedConsumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Name: protocol.DelayedConsumer, Durable: protocol.DelayedConsumer,
+		Description:   "jetfleet: counts delayed jobs (never read)",
+		FilterSubject: protocol.DelayedSubjects,
+		DeliverPolicy: jetstream.DeliverAllPolicy, AckPolicy: jetstream.AckExplicitPolicy,
+	}
+}
+
+func ensureDelayedConsumer(ctx context.Context, js jetstream.JetStream) error {
+	if _, err := js.CreateConsumer(ctx, protocol.StreamDelayed, DelayedConsumerConfig()); err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
+		return fmt.Errorf("create consumer %s of %s: %w", protocol.DelayedConsumer, protocol.StreamDelayed, err)
 	}
 	return nil
 }
@@ -232,6 +284,14 @@ func reconcileStream(have, want jetstream.StreamConfig, allowDestructive bool) (
 	next.Duplicates = want.Duplicates
 	next.AllowDirect = want.AllowDirect
 	next.AllowBatchPublish = want.AllowBatchPublish
+	next.AllowMsgSchedules = want.AllowMsgSchedules || have.AllowMsgSchedules // cannot be turned off
+	next.AllowMsgTTL = want.AllowMsgTTL || have.AllowMsgTTL                   // cannot be turned off
+	if want.AllowRollup {
+		next.AllowRollup, next.DenyPurge = true, false
+	}
+	if want.Sources != nil {
+		next.Sources = want.Sources
+	}
 	if streamManagedEqual(have, next) {
 		return nil, nil
 	}
@@ -243,7 +303,19 @@ func streamManagedEqual(a, b jetstream.StreamConfig) bool {
 		sameLimit(a.MaxMsgs, b.MaxMsgs) && sameLimit(a.MaxBytes, b.MaxBytes) && a.MaxAge == b.MaxAge &&
 		sameLimit(a.MaxMsgsPerSubject, b.MaxMsgsPerSubject) && sameLimit(int64(a.MaxMsgSize), int64(b.MaxMsgSize)) &&
 		a.Replicas == b.Replicas && a.Duplicates == b.Duplicates && a.AllowDirect == b.AllowDirect &&
-		a.AllowBatchPublish == b.AllowBatchPublish
+		a.AllowBatchPublish == b.AllowBatchPublish && a.AllowMsgSchedules == b.AllowMsgSchedules &&
+		a.AllowMsgTTL == b.AllowMsgTTL && a.AllowRollup == b.AllowRollup && a.DenyPurge == b.DenyPurge &&
+		sameSources(a.Sources, b.Sources)
+}
+
+// sameSources compares the sources jetfleet sets: names and transforms.
+func sameSources(a, b []*jetstream.StreamSource) bool {
+	return slices.EqualFunc(a, b, func(x, y *jetstream.StreamSource) bool {
+		return x.Name == y.Name && x.FilterSubject == y.FilterSubject &&
+			slices.EqualFunc(x.SubjectTransforms, y.SubjectTransforms, func(p, q jetstream.SubjectTransformConfig) bool {
+				return p.Source == q.Source && p.Destination == q.Destination
+			})
+	})
 }
 
 func ensureBucket(ctx context.Context, js jetstream.JetStream, spec bucketSpec, allowDestructive bool) error {
@@ -288,15 +360,25 @@ func ensureBucket(ctx context.Context, js jetstream.JetStream, spec bucketSpec, 
 	return nil
 }
 
-// QueueConsumerConfig is the desired consumer of queue.
+// QueueConsumerConfig is the desired default-priority consumer of queue.
 func QueueConsumerConfig(queue string, q QueueConfig) jetstream.ConsumerConfig {
+	return PriorityConsumerConfig(queue, protocol.PriorityDefault, q)
+}
+
+// PriorityConsumerConfig is the desired consumer of queue's jobs at
+// priority p: every priority of a queue has the queue's settings.
+func PriorityConsumerConfig(queue, p string, q QueueConfig) jetstream.ConsumerConfig {
 	q = q.WithDefaults()
-	name := protocol.QueueConsumer(queue)
+	name := protocol.PriorityConsumer(queue, p)
+	description := "jetfleet queue " + queue
+	if p != protocol.PriorityDefault {
+		description += ", priority " + p
+	}
 	return jetstream.ConsumerConfig{
 		Name:          name,
 		Durable:       name,
-		Description:   "jetfleet queue " + queue,
-		FilterSubject: protocol.QueueSubjects(queue),
+		Description:   description,
+		FilterSubject: protocol.PrioritySubjects(queue, p),
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       q.AckWait,
@@ -306,16 +388,37 @@ func QueueConsumerConfig(queue string, q QueueConfig) jetstream.ConsumerConfig {
 	}
 }
 
-// EnsureQueue creates the durable consumer of queue if it is missing. A
-// queue declared under topology.queues is also brought to its declared
-// settings; any other queue keeps the settings it was created with (by
-// `jetfleet queue add`, or the defaults). A pause (set by the supervisor's
-// circuit breaker) stays in place.
+// EnsureQueue creates the durable consumers of queue — one per priority —
+// that are missing, and returns the default one. A queue declared under
+// topology.queues is also brought to its declared settings; any other
+// queue keeps the settings it was created with (by `jetfleet queue add`,
+// or the defaults). A pause (set by the supervisor's circuit breaker)
+// stays in place. A default consumer from before priorities (filter
+// jobs.<queue>.>) is narrowed to jobs.<queue>.*.
 func EnsureQueue(ctx context.Context, js jetstream.JetStream, c Config, queue string) (jetstream.Consumer, error) {
 	if err := protocol.ValidateToken("queue", queue); err != nil {
 		return nil, err
 	}
-	want := QueueConsumerConfig(queue, c.Queue(queue))
+	def, err := ensureQueueConsumer(ctx, js, PriorityConsumerConfig(queue, protocol.PriorityDefault, c.Queue(queue)), c.Declared(queue))
+	if err != nil {
+		return nil, err
+	}
+	// The other priorities take the default consumer's settings: those of
+	// a queue not declared are whatever `jetfleet queue add` gave it.
+	have := def.CachedInfo().Config
+	settings := QueueConfig{AckWait: have.AckWait, MaxDeliver: have.MaxDeliver, MaxAckPending: have.MaxAckPending}
+	for _, p := range protocol.Priorities {
+		if p == protocol.PriorityDefault {
+			continue
+		}
+		if _, err := ensureQueueConsumer(ctx, js, PriorityConsumerConfig(queue, p, settings), c.Declared(queue)); err != nil {
+			return nil, err
+		}
+	}
+	return def, nil
+}
+
+func ensureQueueConsumer(ctx context.Context, js jetstream.JetStream, want jetstream.ConsumerConfig, declared bool) (jetstream.Consumer, error) {
 	cons, err := js.CreateConsumer(ctx, protocol.StreamJobs, want)
 	if err == nil {
 		return cons, nil
@@ -328,16 +431,21 @@ func EnsureQueue(ctx context.Context, js jetstream.JetStream, c Config, queue st
 		return nil, fmt.Errorf("look up consumer %s: %w", want.Name, err)
 	}
 	have := cons.CachedInfo().Config
-	if have.FilterSubject != want.FilterSubject || have.AckPolicy != want.AckPolicy {
+	narrow := have.FilterSubject == strings.TrimSuffix(want.FilterSubject, "*")+">" && strings.HasSuffix(want.FilterSubject, ".*")
+	if (have.FilterSubject != want.FilterSubject && !narrow) || have.AckPolicy != want.AckPolicy {
 		return nil, &IncompatibleError{Kind: "consumer", Name: want.Name,
 			Reason: fmt.Sprintf("filter %q with ack policy %s; jetfleet needs %q with %s", have.FilterSubject, have.AckPolicy, want.FilterSubject, want.AckPolicy)}
 	}
-	if !c.Declared(queue) {
+	if !declared && !narrow {
 		return cons, nil
 	}
-	if have.AckWait == want.AckWait && have.MaxDeliver == want.MaxDeliver && have.MaxAckPending == want.MaxAckPending &&
+	if !narrow && have.AckWait == want.AckWait && have.MaxDeliver == want.MaxDeliver && have.MaxAckPending == want.MaxAckPending &&
 		have.Description == want.Description {
 		return cons, nil
+	}
+	if !declared { // only narrowed: the queue keeps its settings
+		have.FilterSubject = want.FilterSubject
+		want = have
 	}
 	want.PauseUntil = have.PauseUntil
 	cons, err = js.UpdateConsumer(ctx, protocol.StreamJobs, want)

@@ -72,7 +72,7 @@ func TestEnsureCreatesEverything(t *testing.T) {
 	cons, err := js.Consumer(ctx(t), protocol.StreamJobs, "queue-default")
 	require.NoError(t, err)
 	cc := cons.CachedInfo().Config
-	assert.Equal(t, "jobs.default.>", cc.FilterSubject)
+	assert.Equal(t, "jobs.default.*", cc.FilterSubject)
 	assert.Equal(t, jetstream.AckExplicitPolicy, cc.AckPolicy)
 	assert.Equal(t, topology.DefaultAckWait, cc.AckWait)
 	assert.Equal(t, topology.DefaultMaxDeliver, cc.MaxDeliver)
@@ -111,7 +111,7 @@ func TestEnsureConcurrentlyEndsWithOneTopologyAndRerunIsNoop(t *testing.T) {
 		names[n] = true
 	}
 	assert.Equal(t, map[string]bool{"JOBS": true, "DLQ": true, "EVENTS": true, "ADVISORIES": true,
-		"KV_schedules": true, "KV_schedule_state": true, "KV_leases": true, "KV_agents": true}, names)
+		"KV_schedules": true, "KV_schedule_state": true, "KV_leases": true, "KV_agents": true, "KV_cancels": true, "DELAYED": true}, names)
 	cons, err := js.Consumer(ctx(t), protocol.StreamJobs, "queue-default")
 	require.NoError(t, err)
 	assert.Equal(t, 45*time.Second, cons.CachedInfo().Config.AckWait)
@@ -268,7 +268,8 @@ func TestVerifyWaitsForAnotherServiceToProvision(t *testing.T) {
 	short, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
 	defer cancel()
 	err := topology.Verify(short, js, topology.Config{})
-	require.ErrorContains(t, err, "missing stream JOBS")
+	require.ErrorContains(t, err, "missing stream DELAYED")
+	require.ErrorContains(t, err, "stream JOBS")
 	require.ErrorContains(t, err, "topology.verify_only")
 
 	verified := make(chan error, 1)
@@ -305,5 +306,30 @@ func TestSubjectMatches(t *testing.T) {
 		{"jobs.q.echo", "jobs.q.echo.x", false},
 	} {
 		assert.Equal(t, tc.want, topology.SubjectMatches(tc.filter, tc.subject), "%s ~ %s", tc.filter, tc.subject)
+	}
+}
+
+// TestEnsureQueueMakesAConsumerPerPriority: a queue has a consumer per
+// priority, each with the queue's settings; a default consumer made before
+// priorities (filter jobs.<queue>.>) is narrowed to jobs.<queue>.*, keeping
+// its settings, so the priorities' consumers may exist beside it.
+func TestEnsureQueueMakesAConsumerPerPriority(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Server(t)
+	_, js := natstest.JetStream(t, srv)
+	require.NoError(t, topology.Ensure(ctx(t), js, topology.Config{}))
+	old := topology.QueueConsumerConfig("legacy", topology.QueueConfig{AckWait: 2 * time.Minute})
+	old.FilterSubject = "jobs.legacy.>"
+	_, err := js.CreateConsumer(ctx(t), protocol.StreamJobs, old)
+	require.NoError(t, err)
+
+	_, err = topology.EnsureQueue(ctx(t), js, topology.Config{}, "legacy")
+	require.NoError(t, err)
+	want := map[string]string{"queue-legacy": "jobs.legacy.*", "queue-legacy=high": "jobs.legacy.*.high", "queue-legacy=low": "jobs.legacy.*.low"}
+	for name, filter := range want {
+		cons, err := js.Consumer(ctx(t), protocol.StreamJobs, name)
+		require.NoError(t, err, name)
+		assert.Equal(t, filter, cons.CachedInfo().Config.FilterSubject, name)
+		assert.Equal(t, 2*time.Minute, cons.CachedInfo().Config.AckWait, "%s keeps the queue's settings", name)
 	}
 }

@@ -2,8 +2,8 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"runtime/pprof"
@@ -14,27 +14,31 @@ import (
 )
 
 func init() {
-	register(command{name: "bench", summary: "measure the fleet against raw JetStream in the same run", run: runBench})
+	register(&command{name: "bench", summary: "measure the fleet against raw JetStream in the same run",
+		help: "Measures jetfleet against a raw JetStream baseline in the same run: throughput, latency,\n" +
+			"schedules, rescue, failover and durability (docs/performance.md says what each figure means).\n" +
+			"Every run uses a fresh embedded server unless -server is given.",
+		output: true, setup: setupBench})
 }
 
-func runBench(ctx context.Context, args []string, out io.Writer) error {
-	fs := newFlagSet("bench", "",
-		"Measure jetfleet against a raw JetStream baseline in the same run: throughput, latency,\n"+
-			"schedules, rescue, failover and durability (docs/performance.md says what each figure means).\n"+
-			"Every run uses a fresh embedded server unless -server is given.")
-	// With -smoke, every size defaults to the smoke's, and flags given override it.
-	cfg := bench.Config{}
-	if smokeRequested(args) {
-		cfg = bench.Smoke()
-	}
-	def := cfg.WithDefaults()
-	scenario := fs.String("scenario", "all", "scenarios to run, comma-separated: all or "+strings.Join(bench.Scenarios, ","))
+// benchFlags are bench's flags, read into a bench.Config whose sizes
+// default to those of def.
+type benchFlags struct {
+	cfg            bench.Config
+	credentials    *credentialFlags
+	scenario       string
+	verbose, quiet bool
+	cpuProfile     string
+}
+
+func addBenchFlags(fs *flag.FlagSet, def bench.Config) *benchFlags {
+	b := &benchFlags{}
+	cfg := &b.cfg
+	def = def.WithDefaults()
+	fs.StringVar(&b.scenario, "scenario", "all", "scenarios to run, comma-separated: all or "+strings.Join(bench.Scenarios, ","))
 	fs.Bool("smoke", false, "a quick check that every scenario works (tiny sizes, one run): for CI, not for figures")
-	format := fs.String("o", "table", "output format: table or json")
 	fs.StringVar(&cfg.Server, "server", "", "NATS server `url` to run against instead of an embedded server (never $NATS_URL)")
-	fs.StringVar(&cfg.NATS.CredsFile, "creds", os.Getenv("NATS_CREDS"), "user credentials `file` for -server (or $NATS_CREDS)")
-	fs.StringVar(&cfg.NATS.User, "user", os.Getenv("NATS_USER"), "user `name` for -server (or $NATS_USER; password in $NATS_PASSWORD)")
-	cfg.NATS.Password = os.Getenv("NATS_PASSWORD")
+	b.credentials = addCredentialFlags(fs)
 	fs.IntVar(&cfg.Runs, "runs", def.Runs, "runs of each scenario; figures show min/median/max over them")
 	fs.IntVar(&cfg.Jobs, "jobs", def.Jobs, "throughput: no-op jobs per phase (N)")
 	fs.IntVar(&cfg.Agents, "agents", def.Agents, "throughput, latency: agents, each on its own connection (K); the raw baseline runs as many consumers")
@@ -48,35 +52,56 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 	fs.IntVar(&cfg.RescueJobs, "rescue-jobs", def.RescueJobs, "rescue: jobs the killed agent holds")
 	fs.IntVar(&cfg.Replicas, "replicas", def.Replicas, "failover: scheduler replicas")
 	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", def.LeaseTTL, "failover: leader lease TTL (topology.lease_ttl)")
-	fs.IntVar(&cfg.DurabilityJobs, "durability-jobs", cfg.DurabilityJobs, "durability: jobs per phase (0: as many as -jobs)")
-	verbose := fs.Bool("v", false, "log the components' warnings and errors to stderr")
-	quiet := fs.Bool("q", false, "no progress lines on stderr")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole bench to `file` (go tool pprof)")
-	if err := fs.Parse(args); err != nil {
+	fs.IntVar(&cfg.DurabilityJobs, "durability-jobs", def.DurabilityJobs, "durability: jobs per phase (0: as many as -jobs)")
+	fs.IntVar(&cfg.DelayedJobs, "delayed-jobs", def.DelayedJobs, "delayed: D, the delayed jobs stored (due in an hour)")
+	fs.IntVar(&cfg.DelayedBurst, "delayed-burst", def.DelayedBurst, "delayed: B, the delayed jobs due within one second, and the plain jobs of the baseline")
+	fs.BoolVar(&b.verbose, "v", false, "log the components' warnings and errors to stderr")
+	fs.BoolVar(&b.quiet, "q", false, "no progress lines on stderr")
+	fs.StringVar(&b.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole bench to `file` (go tool pprof)")
+	return b
+}
+
+func setupBench(fs *flag.FlagSet) action {
+	b := addBenchFlags(fs, bench.Config{})
+	return func(ctx context.Context, inv *invocation) error {
+		if err := inv.wantArgs(0); err != nil {
+			return err
+		}
+		// With -smoke, every size defaults to the smoke's, and flags given override it.
+		if smokeRequested(inv.raw) {
+			sfs, sinv, _ := inv.cmd.flagSetWith(inv.out, func(fs *flag.FlagSet) action {
+				b = addBenchFlags(fs, bench.Smoke())
+				return nil
+			})
+			if _, err := parseArgs(sfs, inv.raw); err != nil {
+				return err
+			}
+			inv = sinv
+		}
+		return runBench(ctx, inv, b)
+	}
+}
+
+func runBench(ctx context.Context, inv *invocation, b *benchFlags) error {
+	cfg := b.cfg
+	if err := b.credentials.apply(&cfg.NATS); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		fs.Usage()
-		return errUsage
-	}
-	if *format != "table" && *format != "json" {
-		return fmt.Errorf("-o %q: want table or json", *format)
-	}
-	cfg.Scenarios = strings.Split(*scenario, ",")
-	if *verbose {
+	cfg.Scenarios = strings.Split(b.scenario, ",")
+	if b.verbose {
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	if !*quiet {
+	if !b.quiet {
 		cfg.Progress = os.Stderr
 	}
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
+	if b.cpuProfile != "" {
+		f, err := os.Create(b.cpuProfile)
 		if err != nil {
 			return err
 		}
 		defer func() {
 			if cerr := f.Close(); cerr != nil {
-				fmt.Fprintf(os.Stderr, "jetfleet bench: writing the CPU profile %s: %v\n", *cpuProfile, cerr)
+				fmt.Fprintf(os.Stderr, "jetfleet bench: writing the CPU profile %s: %v\n", b.cpuProfile, cerr)
 			}
 		}()
 		if err := pprof.StartCPUProfile(f); err != nil {
@@ -92,10 +117,7 @@ func runBench(ctx context.Context, args []string, out io.Writer) error {
 		}
 		return err
 	}
-	if *format == "json" {
-		return report.WriteJSON(out)
-	}
-	return report.WriteTable(out)
+	return inv.print(benchJSON(report), report.WriteTable)
 }
 
 // smokeRequested reports whether args ask for -smoke, before the flags are

@@ -34,7 +34,7 @@ func TestBenchCommand(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal(out.Bytes(), &report), out.String())
 	assert.Equal(t, 1, report.Config.Runs, "-smoke runs once")
-	assert.Equal(t, "500ms", report.Config.Duration, "a flag given with -smoke overrides the smoke's size")
+	assert.Equal(t, "0.5s", report.Config.Duration, "a flag given with -smoke overrides the smoke's size, in the JSON duration format")
 	names := map[string]bool{}
 	for _, f := range report.Figures {
 		assert.Equal(t, "latency", f.Scenario)

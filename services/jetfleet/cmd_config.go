@@ -2,10 +2,10 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"io"
+	"flag"
+	"maps"
 	"os"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/jetfleet/jetfleet/pkg/agent/agentservice"
@@ -17,7 +17,11 @@ import (
 )
 
 func init() {
-	register(command{name: "config", summary: "config print: show a service's effective configuration, secrets redacted", run: runConfig})
+	register(&command{name: "config", summary: "config print: show a service's effective configuration, secrets redacted", subs: []*command{
+		{name: "print", args: "<" + strings.Join(serviceNames(), "|") + ">",
+			summary: "Print a service's effective configuration: defaults, files and -set overrides, secrets redacted.",
+			setup:   setupConfigPrint},
+	}})
 }
 
 // serviceConfigs are the configurations `jetfleet config print` knows, by service.
@@ -28,32 +32,50 @@ var serviceConfigs = map[string]func() service.Configuration{
 	"supervisor": func() service.Configuration { return supervisor.DefaultServiceConfig() },
 }
 
-func runConfig(_ context.Context, args []string, out io.Writer) error {
-	names := make([]string, 0, len(serviceConfigs))
-	for name := range serviceConfigs {
-		names = append(names, name)
+func serviceNames() []string { return slices.Sorted(maps.Keys(serviceConfigs)) }
+
+// serviceConfigFlags are the configuration flags of every jetfleet service
+// (service.ParseFlags), for dev and config print.
+type serviceConfigFlags struct {
+	files, sets listFlag
+	print       bool
+}
+
+func addServiceConfigFlags(fs *flag.FlagSet, withPrint bool) *serviceConfigFlags {
+	f := &serviceConfigFlags{}
+	fs.Var(&f.files, "config", "YAML configuration `file` (repeatable; later files win); default $"+service.ConfigEnv)
+	fs.Var(&f.sets, "set", "override one configuration `key=value` (repeatable)")
+	if withPrint {
+		fs.BoolVar(&f.print, "print-config", false, "print the effective configuration (secrets redacted) and exit")
 	}
-	sort.Strings(names)
-	usage := fmt.Sprintf("usage: jetfleet config print <%s> [-config file]... [-set key=value]...", strings.Join(names, "|"))
-	if len(args) < 2 || args[0] != "print" {
-		fmt.Fprintln(os.Stderr, usage)
-		return errUsage
+	return f
+}
+
+func (f *serviceConfigFlags) flags() service.Flags {
+	files := []string(f.files)
+	if env := os.Getenv(service.ConfigEnv); len(files) == 0 && env != "" {
+		files = strings.Split(env, ",")
 	}
-	newConfig, ok := serviceConfigs[args[1]]
-	if !ok {
-		fmt.Fprintln(os.Stderr, usage)
-		return fmt.Errorf("unknown service %q", args[1])
+	return service.Flags{Files: files, Sets: f.sets, PrintConfig: f.print}
+}
+
+func setupConfigPrint(fs *flag.FlagSet) action {
+	cf := addServiceConfigFlags(fs, false)
+	return func(_ context.Context, inv *invocation) error {
+		if err := inv.wantArgs(1, "the <service> ("+orList(serviceNames())+")"); err != nil {
+			return err
+		}
+		newConfig, ok := serviceConfigs[inv.args[0]]
+		if !ok {
+			return usageErrorf(inv.cmd, "config print: unknown service %q: want %s", inv.args[0], orList(serviceNames()))
+		}
+		cfg := newConfig()
+		if err := service.LoadConfig(cfg, cf.flags()); err != nil {
+			return err
+		}
+		if d, ok := cfg.(service.Defaulter); ok {
+			d.ApplyDefaults()
+		}
+		return config.Print(inv.out, cfg)
 	}
-	flags, err := service.ParseFlags("jetfleet config print "+args[1], args[2:], os.Stderr)
-	if err != nil {
-		return err
-	}
-	cfg := newConfig()
-	if err := service.LoadConfig(cfg, flags); err != nil {
-		return err
-	}
-	if d, ok := cfg.(service.Defaulter); ok {
-		d.ApplyDefaults()
-	}
-	return config.Print(out, cfg)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -15,32 +16,38 @@ import (
 )
 
 func init() {
-	register(command{name: "dev", summary: "run the whole fleet in one process on an embedded NATS server", run: runDev})
+	register(&command{name: "dev", summary: "run the whole fleet in one process on an embedded NATS server",
+		help: "Runs an embedded NATS server, the scheduler, the supervisor and an agent with the demo kinds (echo,\n" +
+			"sleep, fail) until interrupted. 'jetfleet config print dev' shows the configuration keys.",
+		setup: setupDev})
 }
 
-func runDev(ctx context.Context, args []string, out io.Writer) error {
-	flags, err := service.ParseFlags("jetfleet dev", args, os.Stderr)
-	if err != nil {
-		return err
+func setupDev(fs *flag.FlagSet) action {
+	cf := addServiceConfigFlags(fs, true)
+	return func(ctx context.Context, inv *invocation) error {
+		if err := inv.wantArgs(0); err != nil {
+			return err
+		}
+		flags := cf.flags()
+		cfg := devfleet.DefaultConfig()
+		if err := service.LoadConfig(cfg, flags); err != nil {
+			return err
+		}
+		if flags.PrintConfig {
+			shown := *cfg
+			shown.ApplyDefaults()
+			return config.Print(inv.out, &shown)
+		}
+		logger, err := telemetry.NewLogger(os.Stderr, cfg.Telemetry)
+		if err != nil {
+			return err
+		}
+		fleet, err := devfleet.New(cfg, devfleet.Options{Logger: logger})
+		if err != nil {
+			return err
+		}
+		return lifecycle.Run(ctx, logger, cfg.Grace(), announce{fleet, inv.out})
 	}
-	cfg := devfleet.DefaultConfig()
-	if err := service.LoadConfig(cfg, flags); err != nil {
-		return err
-	}
-	if flags.PrintConfig {
-		shown := *cfg
-		shown.ApplyDefaults()
-		return config.Print(out, &shown)
-	}
-	logger, err := telemetry.NewLogger(os.Stderr, cfg.Telemetry)
-	if err != nil {
-		return err
-	}
-	fleet, err := devfleet.New(cfg, devfleet.Options{Logger: logger})
-	if err != nil {
-		return err
-	}
-	return lifecycle.Run(ctx, logger, cfg.Grace(), announce{fleet, out})
 }
 
 // announce prints where everything is once the fleet has started.

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os/user"
 	"text/tabwriter"
 	"time"
 
@@ -13,55 +14,122 @@ import (
 )
 
 func init() {
-	register(command{name: "jobs", summary: "running jobs, a job's status and execution history: jobs ls|get|history", run: runJobs})
+	register(&command{name: "jobs", summary: "running jobs, a job's status, execution history and cancels: jobs ls|get|history|cancel", subs: []*command{
+		{name: "ls", summary: "List the jobs agents run now, from their heartbeats; with -state, the jobs in a state (queued, delayed, running, failed, succeeded, dead).", fleet: true, output: true, setup: setupJobsList},
+		{name: "get", args: "<job_id>", summary: "Print a job's status: its latest event, and where it runs now.",
+			fleet: true, output: true, setup: setupJobsGet},
+		{name: "history", args: "(-kind k [-queue q] | -schedule id)", summary: "Print the last executions of a job kind or a schedule, and their statistics.",
+			fleet: true, output: true, setup: setupJobsHistory},
+		{name: "cancel", args: "<job_id> | (-queue q | -kind k | -schedule id)",
+			summary: "Cancel a job, or the jobs of a queue, kind or schedule, wherever they are.",
+			help: "A running job's agent ends it; a queued or retrying job is removed; a job not found yet is ended\n" +
+				"by the agent that receives it. The run ends cancelled: no dead letter, unless -dead-letter.",
+			fleet: true, output: true, setup: setupJobsCancel},
+		{name: "trends", args: "[-kind k [-queue q] | -schedule id]",
+			summary: "Print the trend of a job kind or a schedule (runs, failures, p50/p95 duration, scheduling delay per minute or hour, degrading or not); without flags, every series' verdict.",
+			fleet: true, output: true, setup: setupJobsTrends},
+	}})
 }
 
-var jobsCommands = map[string]subcommand{
-	"ls":      {"[-state s] [-queue q] [-kind k] [-agent id] [-schedule id] [-since t] [-until t]", "List the jobs agents run now, from their heartbeats; with -state, the jobs in a state (queued, delayed, running, failed, succeeded, dead).", runJobsList},
-	"get":     {"[-queue q -kind k] <job id>", "Print a job's status: its latest event, and where it runs now.", runJobsGet},
-	"history": {"-kind k [-queue q] | -schedule id", "Print the last executions of a job kind or a schedule, and their statistics.", runJobsHistory},
+func setupJobsCancel(fs *flag.FlagSet) action {
+	var req jetfleet.CancelRequest
+	fs.StringVar(&req.Queue, "queue", "", "the jobs of this `queue` (with a job id: where to look for it)")
+	fs.StringVar(&req.Kind, "kind", "", "the jobs of this `kind` (with a job id: where to look for it)")
+	fs.StringVar(&req.ScheduleID, "schedule", "", "the jobs of this schedule `id`")
+	fs.StringVar(&req.Reason, "reason", "", "why, recorded as the job's error")
+	fs.BoolVar(&req.DeadLetter, "dead-letter", false, "dead-letter the jobs (reason cancelled) instead")
+	fs.IntVar(&req.Limit, "limit", 0, "most jobs a filter cancels (default 1000, at most 10000)")
+	return func(ctx context.Context, inv *invocation) error {
+		if err := inv.wantArgs(0, "the <job_id>"); err != nil {
+			return err
+		}
+		if len(inv.args) == 1 {
+			req.JobID = inv.args[0]
+		} else if req.Queue == "" && req.Kind == "" && req.ScheduleID == "" {
+			return usageErrorf(inv.cmd, "jobs cancel needs a <job_id>, or -queue, -kind or -schedule")
+		}
+		req.RequestedBy = requester()
+		return inv.withAPI(ctx, func(ctx context.Context, api *jetfleet.Client) error {
+			res, err := api.CancelJobs(ctx, req)
+			if err != nil {
+				return err
+			}
+			if err := inv.print(res, func(out io.Writer) error { return printCancels(out, res) }); err != nil {
+				return err
+			}
+			var failed int
+			for _, r := range res.Results {
+				if r.Error != "" {
+					failed++
+				}
+			}
+			if failed > 0 {
+				return fmt.Errorf("%w: %d of %d jobs not cancelled", errRefused, failed, len(res.Results))
+			}
+			return nil
+		})
+	}
 }
 
-func runJobs(ctx context.Context, args []string, out io.Writer) error {
-	return runSubcommand(ctx, "jobs", []string{"ls", "get", "history", "trends"}, jobsCommands, args, out)
+func printCancels(out io.Writer, res *jetfleet.CancelResponse) error {
+	if len(res.Results) == 0 {
+		_, err := fmt.Fprintln(out, "no job matched")
+		return err
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "JOB	WHERE	AGENT	ERROR")
+	for _, r := range res.Results {
+		where := r.Where
+		if r.Error != "" {
+			where = "not cancelled"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.JobID, dash(where), dash(r.AgentID), dash(r.Error))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if res.Truncated {
+		_, err := fmt.Fprintln(out, "more jobs match: run it again")
+		return err
+	}
+	return nil
 }
 
-func runJobsList(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
+// requester names who cancels: the user running the CLI.
+func requester() string {
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return "jetfleet CLI"
+}
+
+func setupJobsList(fs *flag.FlagSet) action {
 	var req jetfleet.RunningJobsRequest
 	fs.StringVar(&req.Queue, "queue", "", "only jobs of this `queue`")
 	fs.StringVar(&req.Kind, "kind", "", "only jobs of this `kind`")
 	fs.StringVar(&req.AgentID, "agent", "", "only jobs of this agent `id`")
-	asJSON := fs.Bool("json", false, "print JSON")
 	st := addStateFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
+	return func(ctx context.Context, inv *invocation) error {
+		if err := inv.wantArgs(0); err != nil {
+			return err
+		}
+		if st.state != "" {
+			return runJobsByState(ctx, inv, req, st)
+		}
+		return inv.withAPI(ctx, func(ctx context.Context, api *jetfleet.Client) error {
+			res, err := api.RunningJobs(ctx, req)
+			if err != nil {
+				return err
+			}
+			return inv.print(res.Jobs, func(out io.Writer) error {
+				if len(res.Jobs) == 0 {
+					_, err := fmt.Fprintln(out, "no running jobs")
+					return err
+				}
+				return printRunning(out, res.Jobs, time.Now())
+			})
+		})
 	}
-	if fs.NArg() != 0 {
-		fs.Usage()
-		return errUsage
-	}
-	if st.state != "" {
-		return runJobsByState(ctx, cf, req, st, *asJSON, out)
-	}
-	c, api, err := connectSupervisor(cf)
-	if err != nil {
-		return err
-	}
-	defer c.close()
-	rctx, cancel := c.ctx(ctx)
-	defer cancel()
-	res, err := api.RunningJobs(rctx, req)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return printJSON(out, res.Jobs)
-	}
-	if len(res.Jobs) == 0 {
-		fmt.Fprintln(out, "no running jobs")
-		return nil
-	}
-	return printRunning(out, res.Jobs, time.Now())
 }
 
 func printRunning(out io.Writer, jobs []jetfleet.RunningJob, now time.Time) error {
@@ -81,60 +149,92 @@ func printRunning(out io.Writer, jobs []jetfleet.RunningJob, now time.Time) erro
 	return tw.Flush()
 }
 
-func runJobsGet(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
+func setupJobsGet(fs *flag.FlagSet) action {
 	var req jetfleet.JobDetailRequest
 	fs.StringVar(&req.Queue, "queue", "", "the job's `queue`, with -kind (faster)")
 	fs.StringVar(&req.Kind, "kind", "", "the job's `kind`, with -queue")
-	if err := fs.Parse(args); err != nil {
-		return err
+	return func(ctx context.Context, inv *invocation) error {
+		if err := inv.wantArgs(1, "the <job_id>"); err != nil {
+			return err
+		}
+		req.JobID = inv.args[0]
+		return inv.withAPI(ctx, func(ctx context.Context, api *jetfleet.Client) error {
+			res, err := api.JobDetail(ctx, req)
+			if err != nil {
+				return err
+			}
+			return inv.print(res, func(out io.Writer) error { return printJobDetail(out, res) })
+		})
 	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return errUsage
-	}
-	req.JobID = fs.Arg(0)
-	c, api, err := connectSupervisor(cf)
-	if err != nil {
-		return err
-	}
-	defer c.close()
-	rctx, cancel := c.ctx(ctx)
-	defer cancel()
-	res, err := api.JobDetail(rctx, req)
-	if err != nil {
-		return err
-	}
-	return printJSON(out, res)
 }
 
-func runJobsHistory(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
+// printJobDetail prints a job's latest event and where it runs, one field a line.
+func printJobDetail(out io.Writer, res *jetfleet.JobDetail) error {
+	ev, err := res.Decode()
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "JOB\t%s\n", res.JobID)
+	if d := res.Delayed; d != nil {
+		fmt.Fprintf(tw, "DELAYED\tuntil %s (in %s), queue %s, kind %s\n", d.ProcessAt.UTC().Format(time.RFC3339),
+			time.Until(d.ProcessAt).Round(time.Second), d.Queue, d.Kind)
+	}
+	if ev == nil && res.Delayed != nil {
+		return tw.Flush()
+	}
+	if ev == nil {
+		fmt.Fprintln(tw, "STATE\t- (no event yet: queued, or no such job)")
+	} else {
+		fmt.Fprintf(tw, "STATE\t%s\n", ev.GetType())
+		fmt.Fprintf(tw, "QUEUE\t%s\n", ev.GetQueue())
+		fmt.Fprintf(tw, "KIND\t%s\n", ev.GetKind())
+		fmt.Fprintf(tw, "ATTEMPT\t%d of %d\n", ev.GetAttempt(), ev.GetMaxAttempts())
+		fmt.Fprintf(tw, "AGENT\t%s\n", dash(ev.GetAgentId()))
+		fmt.Fprintf(tw, "TIME\t%s\n", ev.GetTime().AsTime().UTC().Format(time.RFC3339Nano))
+		if ev.GetDuration() != nil {
+			fmt.Fprintf(tw, "DURATION\t%s\n", ev.GetDuration().AsDuration())
+		}
+		if ev.GetRetryIn() != nil {
+			fmt.Fprintf(tw, "RETRY IN\t%s\n", ev.GetRetryIn().AsDuration())
+		}
+		for _, f := range [][2]string{{"REASON", ev.GetReason()}, {"ERROR CODE", ev.GetErrorCode()}, {"ERROR", firstLine(ev.GetError())},
+			{"SCHEDULE", ev.GetScheduleId()}, {"TRACE", ev.GetTraceId()}} {
+			if f[1] != "" {
+				fmt.Fprintf(tw, "%s\t%s\n", f[0], f[1])
+			}
+		}
+	}
+	for _, r := range res.Running {
+		fmt.Fprintf(tw, "RUNNING ON\t%s (attempt %d, delivery %d, %s)\n", r.AgentID, r.Attempt, r.Delivered, r.State)
+	}
+	return tw.Flush()
+}
+
+func setupJobsHistory(fs *flag.FlagSet) action {
 	var req jetfleet.HistoryRequest
 	fs.StringVar(&req.Kind, "kind", "", "executions of this job `kind`")
 	fs.StringVar(&req.Queue, "queue", "", "only in this `queue` (with -kind; default every queue)")
 	fs.StringVar(&req.ScheduleID, "schedule", "", "executions of this schedule `id`")
 	fs.IntVar(&req.Limit, "limit", 0, "most executions (default supervisor.history_size)")
-	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args); err != nil {
-		return err
+	return func(ctx context.Context, inv *invocation) error {
+		if err := inv.wantArgs(0); err != nil {
+			return err
+		}
+		if (req.Kind == "") == (req.ScheduleID == "") {
+			return usageErrorf(inv.cmd, "jobs history needs -kind or -schedule (one of them)")
+		}
+		return inv.withAPI(ctx, func(ctx context.Context, api *jetfleet.Client) error {
+			res, err := api.History(ctx, req)
+			if err != nil {
+				return err
+			}
+			return inv.print(historyResponseJSON(res), func(out io.Writer) error { return printHistory(out, res) })
+		})
 	}
-	if fs.NArg() != 0 || (req.Kind == "") == (req.ScheduleID == "") {
-		fs.Usage()
-		return errUsage
-	}
-	c, api, err := connectSupervisor(cf)
-	if err != nil {
-		return err
-	}
-	defer c.close()
-	rctx, cancel := c.ctx(ctx)
-	defer cancel()
-	res, err := api.History(rctx, req)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return printJSON(out, res)
-	}
+}
+
+func printHistory(out io.Writer, res *jetfleet.HistoryResponse) error {
 	recs, err := res.Decode()
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -15,12 +16,6 @@ import (
 // jetfleet jobs ls -state …: the jobs in a state (the supervisor's
 // jetfleet.api.supervisor.jobs.ls), and jetfleet jobs trends: a kind's or
 // schedule's trend buckets and verdict.
-
-func init() {
-	jobsCommands["trends"] = subcommand{"-kind k -queue q | -schedule id [-res m|h] [-since t]",
-		"Print the trend of a job kind or a schedule: runs, failures, p50/p95 duration and scheduling delay per minute or hour, and whether it is degrading; without flags, every series' verdict.",
-		runJobsTrends}
-}
 
 type stateFlags struct {
 	state, schedule, since, until string
@@ -39,36 +34,32 @@ func addStateFlags(fs *flag.FlagSet) *stateFlags {
 	return &s
 }
 
-func runJobsByState(ctx context.Context, cf *clientFlags, running jetfleet.RunningJobsRequest, st *stateFlags, asJSON bool, out io.Writer) error {
+func runJobsByState(ctx context.Context, inv *invocation, running jetfleet.RunningJobsRequest, st *stateFlags) error {
 	now := time.Now()
 	req := jetfleet.JobListRequest{State: st.state, Queue: running.Queue, Kind: running.Kind, ScheduleID: st.schedule, Limit: st.limit, Cursor: st.cursor}
 	var err error
 	if req.Since, err = timeOrAgo("since", st.since, now); err != nil {
-		return err
+		return usageErrorf(inv.cmd, "%v", err)
 	}
 	if req.Until, err = timeOrAgo("until", st.until, now); err != nil {
-		return err
+		return usageErrorf(inv.cmd, "%v", err)
 	}
 	if running.AgentID != "" {
-		return fmt.Errorf("-agent lists running jobs only; leave out -state")
+		return usageErrorf(inv.cmd, "-agent lists running jobs only; leave out -state")
 	}
 	if err := req.Validate(); err != nil {
-		return err
+		return usageErrorf(inv.cmd, "%v", err)
 	}
-	c, api, err := connectSupervisor(cf)
-	if err != nil {
-		return err
-	}
-	defer c.close()
-	rctx, cancel := c.ctx(ctx)
-	defer cancel()
-	res, err := api.ListJobs(rctx, req)
-	if err != nil {
-		return err
-	}
-	if asJSON {
-		return printJSON(out, res)
-	}
+	return inv.withAPI(ctx, func(ctx context.Context, api *jetfleet.Client) error {
+		res, err := api.ListJobs(ctx, req)
+		if err != nil {
+			return err
+		}
+		return inv.print(res, func(out io.Writer) error { return printJobList(out, req, res) })
+	})
+}
+
+func printJobList(out io.Writer, req jetfleet.JobListRequest, res *jetfleet.JobListResponse) error {
 	if len(res.Jobs) == 0 {
 		fmt.Fprintf(out, "no %s jobs (%d read)\n", req.State, res.Scanned)
 	} else {
@@ -108,66 +99,63 @@ func reasonOf(j jetfleet.JobListEntry) string {
 	return " (" + j.Reason + ")"
 }
 
-func runJobsTrends(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
+func setupJobsTrends(fs *flag.FlagSet) action {
 	var req jetfleet.TrendsRequest
 	fs.StringVar(&req.Kind, "kind", "", "the trend of this job `kind` (with -queue)")
 	fs.StringVar(&req.Queue, "queue", jetfleet.DefaultQueue, "the kind's `queue`")
 	fs.StringVar(&req.ScheduleID, "schedule", "", "the trend of this schedule `id`")
 	fs.StringVar(&req.Resolution, "res", protocol.TrendMinute, "bucket `size`: m (minutes, kept 48h) or h (hours, kept 30 days)")
 	since := fs.String("since", "", "buckets since this RFC 3339 `time` or this long ago (default 6h for m, 7 days for h)")
-	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() != 0 || (req.Kind != "" && req.ScheduleID != "") {
-		fs.Usage()
-		return errUsage
-	}
-	var err error
-	if req.Since, err = timeOrAgo("since", *since, time.Now()); err != nil {
-		return err
-	}
-	c, api, err := connectSupervisor(cf)
-	if err != nil {
-		return err
-	}
-	defer c.close()
-	rctx, cancel := c.ctx(ctx)
-	defer cancel()
-	if req.Kind == "" && req.ScheduleID == "" {
-		list, err := api.TrendList(rctx)
-		if err != nil {
+	return func(ctx context.Context, inv *invocation) error {
+		if err := inv.wantArgs(0); err != nil {
 			return err
 		}
-		if *asJSON {
-			return printJSON(out, list)
+		if req.Kind != "" && req.ScheduleID != "" {
+			return usageErrorf(inv.cmd, "give -kind or -schedule, not both")
 		}
-		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "SERIES\tVERDICT\tRECENT RUNS\tP95 RECENT\tP95 BASELINE\tFAILED RECENT\tFAILED BASELINE\tWHY")
-		for _, s := range list.Series {
-			verdict := "steady"
-			if s.Degrading {
-				verdict = "DEGRADING"
+		var err error
+		if req.Since, err = timeOrAgo("since", *since, time.Now()); err != nil {
+			return usageErrorf(inv.cmd, "%v", err)
+		}
+		return inv.withAPI(ctx, func(ctx context.Context, api *jetfleet.Client) error {
+			if req.Kind == "" && req.ScheduleID == "" {
+				list, err := api.TrendList(ctx)
+				if err != nil {
+					return err
+				}
+				return inv.print(list, func(out io.Writer) error { return printTrendList(out, list) })
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%.0f%%\t%.0f%%\t%s\n", s.Series, verdict, s.Recent.Runs, s.Recent.P95.Round(time.Millisecond),
-				s.Baseline.P95.Round(time.Millisecond), 100*s.Recent.FailureRate, 100*s.Baseline.FailureRate, dash(joinReasons(s.Reasons)))
+			if req.ScheduleID != "" {
+				req.Queue = ""
+			}
+			res, err := api.Trends(ctx, req)
+			if err != nil {
+				return err
+			}
+			return inv.print(res, func(out io.Writer) error { return printTrend(out, res) })
+		})
+	}
+}
+
+func printTrendList(out io.Writer, list *jetfleet.TrendListResponse) error {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERIES\tVERDICT\tRECENT RUNS\tP95 RECENT\tP95 BASELINE\tFAILED RECENT\tFAILED BASELINE\tWHY")
+	for _, s := range list.Series {
+		verdict := "steady"
+		if s.Degrading {
+			verdict = "DEGRADING"
 		}
-		return tw.Flush()
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%.0f%%\t%.0f%%\t%s\n", s.Series, verdict, s.Recent.Runs, s.Recent.P95.Round(time.Millisecond),
+			s.Baseline.P95.Round(time.Millisecond), 100*s.Recent.FailureRate, 100*s.Baseline.FailureRate, dash(strings.Join(s.Reasons, "; ")))
 	}
-	if req.ScheduleID != "" {
-		req.Queue = ""
-	}
-	res, err := api.Trends(rctx, req)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return printJSON(out, res)
-	}
+	return tw.Flush()
+}
+
+func printTrend(out io.Writer, res *jetfleet.TrendsResponse) error {
 	if s := res.Status; s != nil {
 		verdict := "steady"
 		if s.Degrading {
-			verdict = "DEGRADING since " + s.Since.UTC().Format(time.RFC3339) + ": " + joinReasons(s.Reasons)
+			verdict = "DEGRADING since " + s.Since.UTC().Format(time.RFC3339) + ": " + strings.Join(s.Reasons, "; ")
 		}
 		fmt.Fprintf(out, "%s: %s\n  recent %s: %d runs, p95 %s, %.0f%% failed attempts; baseline: %d runs, p95 %s, %.0f%%\n", res.Series, verdict,
 			s.Recent.To.Sub(s.Recent.From).Round(time.Minute), s.Recent.Runs, s.Recent.P95.Round(time.Millisecond), 100*s.Recent.FailureRate,
@@ -183,15 +171,4 @@ func runJobsTrends(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args 
 			b.P50().Round(time.Microsecond), b.P95().Round(time.Microsecond), b.DelayP95().Round(time.Microsecond))
 	}
 	return tw.Flush()
-}
-
-func joinReasons(r []string) string {
-	s := ""
-	for i, x := range r {
-		if i > 0 {
-			s += "; "
-		}
-		s += x
-	}
-	return s
 }

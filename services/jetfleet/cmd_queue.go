@@ -6,135 +6,114 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/jetfleet/jetfleet/pkg/jetfleet"
+	"github.com/jetfleet/jetfleet/pkg/protocol"
 )
 
 func init() {
-	register(command{name: "queue", summary: "list, create and remove queues: queue ls|add|rm", run: runQueue})
+	register(&command{name: "queue", summary: "list, create and remove queues: queue ls|add|rm", subs: []*command{
+		{name: "ls", summary: "List the queues (their consumers on JOBS) and the jobs no queue serves.",
+			fleet: true, output: true, setup: func(*flag.FlagSet) action { return runQueueList }},
+		{name: "add", args: "<queue>", summary: "Create a queue, or change the settings of one not declared under topology.queues.",
+			help: "Agents serving it keep these settings.", fleet: true, output: true, setup: setupQueueAdd},
+		{name: "rm", args: "<queue>", summary: "Remove a queue.",
+			help: "One that still holds jobs is refused unless -force; its jobs are then dead-lettered with reason\n" +
+				"unroutable. Stop the queue's agents first: one that starts creates it again.",
+			fleet: true, output: true, setup: setupQueueRemove},
+	}})
 }
 
-var queueCommands = map[string]subcommand{
-	"ls": {"", "List the queues (their consumers on JOBS) and the jobs no queue serves.", runQueueList},
-	"add": {"<queue>", "Create a queue, or change the settings of one not declared under topology.queues.\n" +
-		"Agents serving it keep these settings.", runQueueAdd},
-	"rm": {"<queue>", "Remove a queue. One that still holds jobs is refused unless -force; its jobs are then\n" +
-		"dead-lettered with reason unroutable. Stop the queue's agents first: one that starts creates it again.", runQueueRemove},
-}
-
-func runQueue(ctx context.Context, args []string, out io.Writer) error {
-	return runSubcommand(ctx, "queue", []string{"ls", "add", "rm"}, queueCommands, args, out)
-}
-
-func runQueueList(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
-	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args); err != nil {
+func runQueueList(ctx context.Context, inv *invocation) error {
+	if err := inv.wantArgs(0); err != nil {
 		return err
 	}
-	if fs.NArg() != 0 {
-		fs.Usage()
-		return errUsage
-	}
-	return withSupervisor(ctx, cf, func(ctx context.Context, api *jetfleet.Client) error {
+	return inv.withAPI(ctx, func(ctx context.Context, api *jetfleet.Client) error {
 		res, err := api.Queues(ctx)
 		if err != nil {
 			return err
 		}
-		if *asJSON {
-			return printJSON(out, res)
-		}
-		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "QUEUE\tPENDING\tIN FLIGHT\tACK WAIT\tMAX DELIVER\tPAUSED\tDECLARED")
-		for _, q := range res.Queues {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%d\t%s\t%s\n", q.Queue, q.Pending, q.AckPending, q.AckWait, q.MaxDeliver,
-				yesNo(q.Paused), yesNo(q.Declared))
-		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-		if len(res.Unroutable) > 0 {
-			fmt.Fprintln(out)
-			fmt.Fprintln(out, "jobs no queue serves (dead-lettered as unroutable or invalid_subject after supervisor.unroutable_after):")
-			subjects := make([]string, 0, len(res.Unroutable))
-			for s := range res.Unroutable {
-				subjects = append(subjects, s)
+		return inv.print(queuesResponseJSON{QueuesResponse: *res, Queues: queuesJSON(res.Queues)}, func(out io.Writer) error {
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "QUEUE\tPENDING\tIN FLIGHT\tACK WAIT\tMAX DELIVER\tPAUSED\tDECLARED")
+			for _, q := range res.Queues {
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\n", q.Queue, pendingText(q), q.AckPending, q.AckWait, q.MaxDeliver,
+					yesNo(q.Paused), yesNo(q.Declared))
 			}
-			sort.Strings(subjects)
-			for _, s := range subjects {
-				fmt.Fprintf(out, "  %s\t%d\n", s, res.Unroutable[s])
+			if err := tw.Flush(); err != nil {
+				return err
 			}
-		}
-		return nil
+			if len(res.Unroutable) > 0 {
+				fmt.Fprintln(out)
+				fmt.Fprintln(out, "jobs no queue serves (dead-lettered as unroutable or invalid_subject after supervisor.unroutable_after):")
+				subjects := make([]string, 0, len(res.Unroutable))
+				for s := range res.Unroutable {
+					subjects = append(subjects, s)
+				}
+				sort.Strings(subjects)
+				for _, s := range subjects {
+					fmt.Fprintf(out, "  %s\t%d\n", s, res.Unroutable[s])
+				}
+			}
+			return nil
+		})
 	})
 }
 
-func runQueueAdd(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
+func setupQueueAdd(fs *flag.FlagSet) action {
 	var req jetfleet.QueueAddRequest
 	fs.DurationVar(&req.AckWait, "ack-wait", 0, "how long a delivered job may go without an ack or progress (default 30s)")
 	fs.IntVar(&req.MaxDeliver, "max-deliver", 0, "deliveries of one job before the supervisor dead-letters it (default 20)")
 	fs.IntVar(&req.MaxAckPending, "max-ack-pending", 0, "jobs in flight on the queue across the fleet (default 10000)")
-	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return fmt.Errorf("queue add needs the <queue> name")
-	}
-	req.Queue = fs.Arg(0)
-	return withSupervisor(ctx, cf, func(ctx context.Context, api *jetfleet.Client) error {
-		res, err := api.AddQueue(ctx, req)
-		if err != nil {
+	return func(ctx context.Context, inv *invocation) error {
+		if err := inv.wantArgs(1, "the <queue>"); err != nil {
 			return err
 		}
-		if *asJSON {
-			return printJSON(out, res)
-		}
-		verb := "queue exists"
-		if res.Created {
-			verb = "queue created"
-		}
-		fmt.Fprintf(out, "%s: %s (ack wait %s, max deliver %d)\n", verb, res.Queue.Queue, res.Queue.AckWait, res.Queue.MaxDeliver)
-		return nil
-	})
+		req.Queue = inv.args[0]
+		return inv.withAPI(ctx, func(ctx context.Context, api *jetfleet.Client) error {
+			res, err := api.AddQueue(ctx, req)
+			if err != nil {
+				return err
+			}
+			view := queueAddJSON{QueueAddResponse: *res, Queue: queuesJSON([]jetfleet.QueueStatus{res.Queue})[0]}
+			return inv.print(view, func(out io.Writer) error {
+				verb := "queue exists"
+				if res.Created {
+					verb = "queue created"
+				}
+				_, err := fmt.Fprintf(out, "%s: %s (ack wait %s, max deliver %d)\n", verb, res.Queue.Queue, res.Queue.AckWait, res.Queue.MaxDeliver)
+				return err
+			})
+		})
+	}
 }
 
-func runQueueRemove(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
+func setupQueueRemove(fs *flag.FlagSet) action {
 	var req jetfleet.QueueRemoveRequest
 	fs.BoolVar(&req.Force, "force", false, "remove a queue that still holds jobs (they are dead-lettered as unroutable)")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return fmt.Errorf("queue rm needs the <queue> name")
-	}
-	req.Queue = fs.Arg(0)
-	return withSupervisor(ctx, cf, func(ctx context.Context, api *jetfleet.Client) error {
-		res, err := api.RemoveQueue(ctx, req)
-		if err != nil {
+	return func(ctx context.Context, inv *invocation) error {
+		if err := inv.wantArgs(1, "the <queue>"); err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "queue removed: %s", res.Queue)
-		if res.Jobs > 0 {
-			fmt.Fprintf(out, " (%d jobs left in it are dead-lettered as unroutable)", res.Jobs)
-		}
-		fmt.Fprintln(out)
-		return nil
-	})
-}
-
-// withSupervisor connects, runs fn with a bounded context, and closes.
-func withSupervisor(ctx context.Context, cf *clientFlags, fn func(ctx context.Context, api *jetfleet.Client) error) error {
-	c, api, err := connectSupervisor(cf)
-	if err != nil {
-		return err
+		req.Queue = inv.args[0]
+		return inv.withAPI(ctx, func(ctx context.Context, api *jetfleet.Client) error {
+			res, err := api.RemoveQueue(ctx, req)
+			if err != nil {
+				return err
+			}
+			return inv.print(res, func(out io.Writer) error {
+				fmt.Fprintf(out, "queue removed: %s", res.Queue)
+				if res.Jobs > 0 {
+					fmt.Fprintf(out, " (%d jobs left in it are dead-lettered as unroutable)", res.Jobs)
+				}
+				_, err := fmt.Fprintln(out)
+				return err
+			})
+		})
 	}
-	defer c.close()
-	rctx, cancel := c.ctx(ctx)
-	defer cancel()
-	return fn(rctx, api)
 }
 
 func yesNo(b bool) string {
@@ -142,4 +121,20 @@ func yesNo(b bool) string {
 		return "yes"
 	}
 	return "-"
+}
+
+// pendingText is a queue's waiting jobs, split by priority when some are
+// not of the default one: "120 (high 20, default 100)".
+func pendingText(q jetfleet.QueueStatus) string {
+	text := strconv.FormatUint(q.Pending, 10)
+	var parts []string
+	for _, p := range protocol.Priorities {
+		if n, ok := q.PendingByPriority[p]; ok && n > 0 {
+			parts = append(parts, p+" "+strconv.FormatUint(n, 10))
+		}
+	}
+	if len(parts) > 0 {
+		text += " (" + strings.Join(parts, ", ") + ")"
+	}
+	return text
 }

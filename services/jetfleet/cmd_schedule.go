@@ -17,56 +17,28 @@ import (
 )
 
 func init() {
-	register(command{name: "schedule", summary: "manage schedules: schedule add|ls|get|rm|pause|resume|trigger|preview|backfill", run: runSchedule})
-}
-
-type scheduleCommand struct {
-	args, summary string
-	run           func(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error
-	flags         func(fs *flag.FlagSet)
-}
-
-var scheduleCommands = map[string]scheduleCommand{
-	"add":   {"[flags] <id> | -f <file|->", "Store a schedule, from flags or a JSON definition (docs/scheduling.md).\nWith -replace, an existing schedule of the same id is updated instead.", runScheduleAdd, nil},
-	"ls":    {"[flags]", "List schedules, one page at a time.", runScheduleList, nil},
-	"get":   {"<id>", "Print a schedule, its state and its next fire times as JSON.", runScheduleGet, nil},
-	"rm":    {"<id>", "Delete a schedule and its state.", runScheduleRemove, nil},
-	"pause": {"[-note text] <id>", "Stop a schedule from firing.", runSchedulePause, nil},
-	"resume": {"<id>", "Let a paused schedule fire again, from now on (times that passed while paused are not caught up).",
-		runScheduleResume, nil},
-	"trigger":  {"<id>", "Fire a schedule now, respecting its overlap policy.", runScheduleTrigger, nil},
-	"preview":  {"[flags] <id> | [definition flags]", "Print the next nominal fire times, in the schedule's zone.", runSchedulePreview, nil},
-	"backfill": {"-from <time> -to <time> [flags] <id>", "Fire every nominal time of a past range, oldest first.", runScheduleBackfill, nil},
-}
-
-func runSchedule(ctx context.Context, args []string, out io.Writer) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprintln(out, "usage: jetfleet schedule <add|ls|get|rm|pause|resume|trigger|preview|backfill> [flags] [args]")
-		for _, name := range []string{"add", "ls", "get", "rm", "pause", "resume", "trigger", "preview", "backfill"} {
-			fmt.Fprintf(out, "  %-9s %s\n", name, strings.SplitN(scheduleCommands[name].summary, "\n", 2)[0])
-		}
-		if len(args) == 0 {
-			return errUsage
-		}
-		return nil
+	register(&command{name: "schedule", summary: "manage schedules: schedule add|ls|get|rm|pause|resume|trigger|preview|backfill", subs: []*command{
+		{name: "add", args: "<id> | -f <file|->", summary: "Store a schedule, from flags or a JSON definition (docs/scheduling.md).",
+			help: "With -replace, an existing schedule of the same id is updated instead.", setup: setupScheduleAdd},
+		{name: "ls", summary: "List schedules, one page at a time.", setup: setupScheduleList},
+		{name: "get", args: "<id>", summary: "Print a schedule, its state and its next fire times.", setup: setupScheduleGet},
+		{name: "rm", args: "<id>", summary: "Delete a schedule and its state.", setup: setupScheduleRemove},
+		{name: "pause", args: "<id>", summary: "Stop a schedule from firing.", setup: setupSchedulePause},
+		{name: "resume", args: "<id>", summary: "Let a paused schedule fire again, from now on.",
+			help: "Times that passed while it was paused are not caught up.", setup: setupScheduleResume},
+		{name: "trigger", args: "<id>", summary: "Fire a schedule now, respecting its overlap policy.",
+			help: "A trigger the overlap policy skips is refused (exit status 1); one it buffers fires later.", setup: setupScheduleTrigger},
+		{name: "preview", args: "<id> | [definition flags]", summary: "Print the next nominal fire times, in the schedule's zone.",
+			setup: setupSchedulePreview},
+		{name: "backfill", args: "-from <time> -to <time> <id>", summary: "Fire every nominal time of a past range, oldest first.",
+			setup: setupScheduleBackfill},
+	}})
+	for _, c := range root.sub("schedule").subs {
+		c.fleet, c.output = true, true
 	}
-	sc, ok := scheduleCommands[args[0]]
-	if !ok {
-		return fmt.Errorf("unknown schedule command %q", args[0])
-	}
-	fs := newFlagSet("schedule "+args[0], sc.args, sc.summary)
-	cf := addClientFlags(fs)
-	return sc.run(ctx, fs, cf, args[1:], out)
 }
 
-// connectScheduler connects and returns an API client.
-func connectScheduler(cf *clientFlags) (*client, *jetfleet.Client, error) {
-	c, err := cf.connect()
-	if err != nil {
-		return nil, nil, err
-	}
-	return c, jetfleet.NewClient(c.nc), nil
-}
+const scheduleID = "the schedule <id>"
 
 // definitionFlags are the flags that describe a schedule.
 type definitionFlags struct {
@@ -123,7 +95,7 @@ func addDefinitionFlags(fs *flag.FlagSet, withFile bool) *definitionFlags {
 func parseTime(flagName, v string) (time.Time, error) {
 	t, err := time.Parse(time.RFC3339, v)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("-%s %q is not an RFC 3339 time such as 2026-01-02T15:04:05Z", flagName, v)
+		return time.Time{}, flagValueErrorf("-%s %q is not an RFC 3339 time such as 2026-01-02T15:04:05Z", flagName, v)
 	}
 	return t, nil
 }
@@ -136,7 +108,7 @@ func duration(flagName, v string) (jetfleet.Duration, error) {
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil {
-		return 0, fmt.Errorf("-%s %q is not a duration such as 30s or 1h", flagName, v)
+		return 0, flagValueErrorf("-%s %q is not a duration such as 30s or 1h", flagName, v)
 	}
 	return jetfleet.Duration(d), nil
 }
@@ -203,7 +175,7 @@ func (d *definitionFlags) build(id string) (*jetfleet.Schedule, error) {
 	}
 	if d.payload != "" {
 		if !json.Valid([]byte(d.payload)) {
-			return nil, fmt.Errorf("-payload is not JSON: %s", d.payload)
+			return nil, flagValueErrorf("-payload is not JSON: %s", d.payload)
 		}
 		s.Target.Payload = json.RawMessage(d.payload)
 	}
@@ -235,71 +207,84 @@ func (d *definitionFlags) build(id string) (*jetfleet.Schedule, error) {
 	return s, nil
 }
 
-func runScheduleAdd(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
+func setupScheduleAdd(fs *flag.FlagSet) action {
 	d := addDefinitionFlags(fs, true)
 	replace := fs.Bool("replace", false, "update the schedule if it exists")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if (d.file == "") != (fs.NArg() == 1) || fs.NArg() > 1 {
-		fs.Usage()
-		return errUsage
-	}
-	def, err := d.build(fs.Arg(0))
-	if err != nil {
-		return err
-	}
-	c, api, err := connectScheduler(cf)
-	if err != nil {
-		return err
-	}
-	defer c.close()
-	rctx, cancel := c.ctx(ctx)
-	defer cancel()
-	info, err := api.AddSchedule(rctx, def)
-	if *replace && errors.Is(err, protocol.Code(protocol.CodeAlreadyExists)) {
-		info, err = api.UpdateSchedule(rctx, def, 0)
-	}
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "schedule %s stored (revision %d)\n", info.Schedule.ID, info.Revision)
-	for _, t := range info.NextFires {
-		fmt.Fprintf(out, "  next: %s\n", t.Format(time.RFC3339))
-	}
-	return nil
-}
-
-func runScheduleList(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
-	after := fs.String("after", "", "start after this schedule `id`")
-	limit := fs.Int("limit", 100, "schedules per page (at most 1000)")
-	all := fs.Bool("all", false, "list every page")
-	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	c, api, err := connectScheduler(cf)
-	if err != nil {
-		return err
-	}
-	defer c.close()
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	if !*asJSON {
-		fmt.Fprintln(tw, "ID\tTRIGGER\tTARGET\tSTATE\tNEXT FIRE\tLAST FIRE")
-	}
-	req := jetfleet.ScheduleListRequest{After: *after, Limit: *limit}
-	for {
-		rctx, cancel := c.ctx(ctx)
-		page, err := api.ListSchedules(rctx, req)
-		cancel()
+	return func(ctx context.Context, inv *invocation) error {
+		switch {
+		case d.file == "":
+			if err := inv.wantArgs(1, scheduleID+" (or -f file)"); err != nil {
+				return err
+			}
+		case len(inv.args) > 0:
+			return usageErrorf(inv.cmd, "schedule add takes %s or -f, not both (the file holds the id)", scheduleID)
+		}
+		def, err := d.build(first(inv.args))
 		if err != nil {
 			return err
 		}
-		if *asJSON {
-			data, _ := json.MarshalIndent(page, "", "  ")
-			fmt.Fprintln(out, string(data))
-		} else {
-			for _, s := range page.Schedules {
+		return inv.withAPI(ctx, func(ctx context.Context, api *jetfleet.Client) error {
+			info, err := api.AddSchedule(ctx, def)
+			if *replace && errors.Is(err, protocol.Code(protocol.CodeAlreadyExists)) {
+				info, err = api.UpdateSchedule(ctx, def, 0)
+			}
+			if err != nil {
+				return err
+			}
+			return inv.print(info, func(out io.Writer) error {
+				fmt.Fprintf(out, "schedule %s stored (revision %d)\n", info.Schedule.ID, info.Revision)
+				printNextFires(out, info.NextFires)
+				return nil
+			})
+		})
+	}
+}
+
+func first(args []string) string {
+	if len(args) == 0 {
+		return ""
+	}
+	return args[0]
+}
+
+func printNextFires(out io.Writer, times []time.Time) {
+	for _, t := range times {
+		fmt.Fprintf(out, "  next: %s\n", t.Format(time.RFC3339))
+	}
+}
+
+func setupScheduleList(fs *flag.FlagSet) action {
+	after := fs.String("after", "", "start after this schedule `id`")
+	limit := fs.Int("limit", 100, "schedules per page (at most 1000)")
+	all := fs.Bool("all", false, "list every page")
+	return func(ctx context.Context, inv *invocation) error {
+		if err := inv.wantArgs(0); err != nil {
+			return err
+		}
+		c, api, err := inv.connectAPI()
+		if err != nil {
+			return err
+		}
+		defer c.close()
+		list := jetfleet.ScheduleListResponse{Schedules: []jetfleet.ScheduleSummary{}}
+		req := jetfleet.ScheduleListRequest{After: *after, Limit: *limit}
+		for {
+			rctx, cancel := c.ctx(ctx)
+			page, err := api.ListSchedules(rctx, req)
+			cancel()
+			if err != nil {
+				return err
+			}
+			list.Schedules, list.Next = append(list.Schedules, page.Schedules...), page.Next
+			if !*all || page.Next == "" {
+				break
+			}
+			req.After = page.Next
+		}
+		return inv.print(list, func(out io.Writer) error {
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tTRIGGER\tTARGET\tSTATE\tNEXT FIRE\tLAST FIRE")
+			for _, s := range list.Schedules {
 				state := "active"
 				if s.Paused {
 					state = "paused"
@@ -309,16 +294,12 @@ func runScheduleList(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, arg
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s/%s\t%s\t%s\t%s\n", s.ID, s.Trigger, s.Queue, s.Kind, state, timeOrDash(s.NextFire), timeOrDash(s.LastFire))
 			}
-		}
-		if !*all || page.Next == "" {
-			if page.Next != "" && !*asJSON {
-				fmt.Fprintf(tw, "(more: -after %s)\n", page.Next)
+			if list.Next != "" {
+				fmt.Fprintf(tw, "(more: -after %s)\n", list.Next)
 			}
-			break
-		}
-		req.After = page.Next
+			return tw.Flush()
+		})
 	}
-	return tw.Flush()
 }
 
 func timeOrDash(t *time.Time) string {
@@ -328,186 +309,233 @@ func timeOrDash(t *time.Time) string {
 	return t.Format(time.RFC3339)
 }
 
-func oneID(fs *flag.FlagSet, args []string) (string, error) {
-	if err := fs.Parse(args); err != nil {
-		return "", err
+// oneID is the action of a command that takes a schedule id and nothing else.
+func oneID(fn func(ctx context.Context, inv *invocation, api *jetfleet.Client, id string) error) action {
+	return func(ctx context.Context, inv *invocation) error {
+		if err := inv.wantArgs(1, scheduleID); err != nil {
+			return err
+		}
+		return inv.withAPI(ctx, func(ctx context.Context, api *jetfleet.Client) error { return fn(ctx, inv, api, inv.args[0]) })
 	}
-	if fs.NArg() != 1 {
-		fs.Usage()
-		return "", errUsage
-	}
-	return fs.Arg(0), nil
 }
 
-func printJSON(out io.Writer, v any) error {
-	data, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintln(out, string(data))
-	return err
-}
-
-// withAPI connects, runs fn with a bounded context, and closes.
-func withAPI(ctx context.Context, cf *clientFlags, fn func(ctx context.Context, api *jetfleet.Client) error) error {
-	c, api, err := connectScheduler(cf)
-	if err != nil {
-		return err
-	}
-	defer c.close()
-	rctx, cancel := c.ctx(ctx)
-	defer cancel()
-	return fn(rctx, api)
-}
-
-func runScheduleGet(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
-	id, err := oneID(fs, args)
-	if err != nil {
-		return err
-	}
-	return withAPI(ctx, cf, func(ctx context.Context, api *jetfleet.Client) error {
+func setupScheduleGet(*flag.FlagSet) action {
+	return oneID(func(ctx context.Context, inv *invocation, api *jetfleet.Client, id string) error {
 		info, err := api.GetSchedule(ctx, id)
 		if err != nil {
 			return err
 		}
-		return printJSON(out, info)
+		return inv.print(info, func(out io.Writer) error { return printSchedule(out, info) })
 	})
 }
 
-func runScheduleRemove(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
-	id, err := oneID(fs, args)
-	if err != nil {
-		return err
+// printSchedule prints a schedule one field a line.
+func printSchedule(out io.Writer, info *jetfleet.ScheduleInfo) error {
+	s := info.Schedule
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "SCHEDULE\t%s (revision %d)\n", s.ID, info.Revision)
+	if s.Description != "" {
+		fmt.Fprintf(tw, "DESCRIPTION\t%s\n", s.Description)
 	}
-	return withAPI(ctx, cf, func(ctx context.Context, api *jetfleet.Client) error {
+	fmt.Fprintf(tw, "TRIGGER\t%s\n", describeTrigger(s.Spec))
+	fmt.Fprintf(tw, "TARGET\t%s\n", protocol.JobSubject(s.Target.Queue, s.Target.Kind))
+	state := "active"
+	if s.Paused {
+		state = "paused"
+		if s.Note != "" {
+			state += ": " + s.Note
+		}
+	}
+	fmt.Fprintf(tw, "STATE\t%s\n", state)
+	if p := s.Policy; p.Overlap != "" || p.Misfire != "" {
+		fmt.Fprintf(tw, "POLICY\toverlap %s, misfire %s\n", orDefault(p.Overlap, jetfleet.OverlapAllow), orDefault(p.Misfire, jetfleet.MisfireFireOnce))
+	}
+	for _, t := range info.NextFires {
+		fmt.Fprintf(tw, "NEXT FIRE\t%s\n", t.Format(time.RFC3339))
+	}
+	if st := info.State; st != nil {
+		if f := st.LastFire; f != nil {
+			fmt.Fprintf(tw, "LAST FIRE\t%s (job %s, nominal %s)\n", f.FiredAt.Format(time.RFC3339), f.JobID, f.NominalTime.Format(time.RFC3339))
+		}
+		if st.RunningJobID != "" {
+			fmt.Fprintf(tw, "RUNNING\t%s\n", st.RunningJobID)
+		}
+		fmt.Fprintf(tw, "COUNTS\t%d fired, %d skipped, %d missed\n", st.Fires, st.Skips, st.Misses)
+	}
+	return tw.Flush()
+}
+
+func describeTrigger(sp jetfleet.Spec) string {
+	switch {
+	case sp.Cron != "":
+		return fmt.Sprintf("cron %q in %s", sp.Cron, orDefault(sp.Zone, "UTC"))
+	case sp.Interval != nil:
+		return "every " + sp.Interval.Every.D().String()
+	case sp.At != nil:
+		return "at " + sp.At.Format(time.RFC3339)
+	case sp.Event != nil:
+		return "event on " + sp.Event.Subject
+	case sp.After != nil:
+		var on []string
+		for _, u := range sp.After.On {
+			switch {
+			case u.ScheduleID != "":
+				on = append(on, u.ScheduleID)
+			default:
+				on = append(on, orDefault(u.Queue, "*")+"/"+u.Kind)
+			}
+		}
+		return "after " + strings.Join(on, ", ")
+	}
+	return "-"
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+func setupScheduleRemove(*flag.FlagSet) action {
+	return oneID(func(ctx context.Context, inv *invocation, api *jetfleet.Client, id string) error {
 		if err := api.RemoveSchedule(ctx, id); err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "schedule %s removed\n", id)
-		return nil
+		return inv.print(jetfleet.ScheduleIDRequest{ID: id}, func(out io.Writer) error {
+			_, err := fmt.Fprintf(out, "schedule %s removed\n", id)
+			return err
+		})
 	})
 }
 
-func runSchedulePause(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
+func setupSchedulePause(fs *flag.FlagSet) action {
 	note := fs.String("note", "", "why the schedule is paused")
-	id, err := oneID(fs, args)
-	if err != nil {
-		return err
-	}
-	return withAPI(ctx, cf, func(ctx context.Context, api *jetfleet.Client) error {
-		if _, err := api.PauseSchedule(ctx, id, *note); err != nil {
+	return oneID(func(ctx context.Context, inv *invocation, api *jetfleet.Client, id string) error {
+		info, err := api.PauseSchedule(ctx, id, *note)
+		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "schedule %s paused\n", id)
-		return nil
+		return inv.print(info, func(out io.Writer) error {
+			_, err := fmt.Fprintf(out, "schedule %s paused\n", id)
+			return err
+		})
 	})
 }
 
-func runScheduleResume(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
-	id, err := oneID(fs, args)
-	if err != nil {
-		return err
-	}
-	return withAPI(ctx, cf, func(ctx context.Context, api *jetfleet.Client) error {
+func setupScheduleResume(*flag.FlagSet) action {
+	return oneID(func(ctx context.Context, inv *invocation, api *jetfleet.Client, id string) error {
 		info, err := api.ResumeSchedule(ctx, id)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "schedule %s resumed\n", id)
-		for _, t := range info.NextFires {
-			fmt.Fprintf(out, "  next: %s\n", t.Format(time.RFC3339))
-		}
-		return nil
+		return inv.print(info, func(out io.Writer) error {
+			fmt.Fprintf(out, "schedule %s resumed\n", id)
+			printNextFires(out, info.NextFires)
+			return nil
+		})
 	})
 }
 
-func runScheduleTrigger(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
-	id, err := oneID(fs, args)
-	if err != nil {
-		return err
-	}
-	return withAPI(ctx, cf, func(ctx context.Context, api *jetfleet.Client) error {
+func setupScheduleTrigger(*flag.FlagSet) action {
+	return oneID(func(ctx context.Context, inv *invocation, api *jetfleet.Client, id string) error {
 		res, err := api.TriggerSchedule(ctx, id)
 		if err != nil {
 			return err
 		}
-		if res.Outcome == "fired" {
-			fmt.Fprintf(out, "fired job %s\n", res.JobID)
-		} else {
-			fmt.Fprintf(out, "%s: %s (job %s)\n", res.Outcome, res.Reason, res.JobID)
+		err = inv.print(res, func(out io.Writer) error {
+			if res.Outcome == "fired" {
+				_, err := fmt.Fprintf(out, "fired job %s\n", res.JobID)
+				return err
+			}
+			_, err := fmt.Fprintf(out, "%s: %s (job %s)\n", res.Outcome, res.Reason, res.JobID)
+			return err
+		})
+		if res.Outcome == "skipped" {
+			err = errors.Join(err, fmt.Errorf("%w: schedule %s: the trigger was skipped (%s)", errRefused, id, res.Reason))
 		}
-		return nil
+		return err
 	})
 }
 
-func runSchedulePreview(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
+func setupSchedulePreview(fs *flag.FlagSet) action {
 	d := addDefinitionFlags(fs, true)
 	count := fs.Int("count", 10, "how many times")
 	from := fs.String("from", "", "first RFC 3339 `time` to consider (default now)")
-	if err := fs.Parse(args); err != nil {
-		return err
+	return func(ctx context.Context, inv *invocation) error {
+		req := jetfleet.PreviewRequest{Count: *count}
+		if *from != "" {
+			t, err := parseTime("from", *from)
+			if err != nil {
+				return err
+			}
+			req.From = t
+		}
+		definition := d.file != "" || d.cron != "" || d.every != "" || d.at != "" || d.event != "" || len(d.after) > 0
+		switch {
+		case !definition:
+			if err := inv.wantArgs(1, scheduleID+" (or a definition: -cron, -every, -at, -f…)"); err != nil {
+				return err
+			}
+			req.ID = inv.args[0]
+		case len(inv.args) > 0:
+			return usageErrorf(inv.cmd, "schedule preview takes %s or a definition, not both", scheduleID)
+		default:
+			def, err := d.build("preview")
+			if err != nil {
+				return err
+			}
+			if def.Target.Kind == "" {
+				def.Target.Kind = "preview"
+			}
+			req.Schedule = def
+		}
+		return inv.withAPI(ctx, func(ctx context.Context, api *jetfleet.Client) error {
+			res, err := api.PreviewSchedule(ctx, req)
+			if err != nil {
+				return err
+			}
+			return inv.print(res, func(out io.Writer) error {
+				for _, t := range res.Times {
+					fmt.Fprintln(out, t.Format(time.RFC3339))
+				}
+				return nil
+			})
+		})
 	}
-	req := jetfleet.PreviewRequest{Count: *count}
-	if *from != "" {
-		t, err := parseTime("from", *from)
-		if err != nil {
-			return err
-		}
-		req.From = t
-	}
-	switch {
-	case fs.NArg() == 1 && d.file == "" && d.cron == "" && d.every == "" && d.at == "":
-		req.ID = fs.Arg(0)
-	case fs.NArg() == 0:
-		def, err := d.build("preview")
-		if err != nil {
-			return err
-		}
-		if def.Target.Kind == "" {
-			def.Target.Kind = "preview"
-		}
-		req.Schedule = def
-	default:
-		fs.Usage()
-		return errUsage
-	}
-	return withAPI(ctx, cf, func(ctx context.Context, api *jetfleet.Client) error {
-		res, err := api.PreviewSchedule(ctx, req)
-		if err != nil {
-			return err
-		}
-		for _, t := range res.Times {
-			fmt.Fprintln(out, t.Format(time.RFC3339))
-		}
-		return nil
-	})
 }
 
-func runScheduleBackfill(ctx context.Context, fs *flag.FlagSet, cf *clientFlags, args []string, out io.Writer) error {
+func setupScheduleBackfill(fs *flag.FlagSet) action {
 	fromFlag := fs.String("from", "", "first RFC 3339 `time` of the range (inclusive)")
 	toFlag := fs.String("to", "", "last RFC 3339 `time` of the range (inclusive, not in the future)")
 	maxFires := fs.Int("max", 0, "fire at most this many (default and cap: the scheduler's max_backfill)")
-	id, err := oneID(fs, args)
-	if err != nil {
-		return err
-	}
-	from, err := parseTime("from", *fromFlag)
-	if err != nil {
-		return err
-	}
-	to, err := parseTime("to", *toFlag)
-	if err != nil {
-		return err
-	}
-	return withAPI(ctx, cf, func(ctx context.Context, api *jetfleet.Client) error {
-		res, err := api.BackfillSchedule(ctx, id, from, to, *maxFires)
+	return func(ctx context.Context, inv *invocation) error {
+		if err := inv.wantArgs(1, scheduleID); err != nil {
+			return err
+		}
+		if *fromFlag == "" || *toFlag == "" {
+			return usageErrorf(inv.cmd, "schedule backfill needs -from and -to")
+		}
+		from, err := parseTime("from", *fromFlag)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "fired %d (%d already published) from %s to %s\n", res.Fired, res.Duplicates, res.First.Format(time.RFC3339), res.Last.Format(time.RFC3339))
-		if res.Truncated {
-			fmt.Fprintln(out, "more times are left in the range: run again from after the last one")
+		to, err := parseTime("to", *toFlag)
+		if err != nil {
+			return err
 		}
-		return nil
-	})
+		return inv.withAPI(ctx, func(ctx context.Context, api *jetfleet.Client) error {
+			res, err := api.BackfillSchedule(ctx, inv.args[0], from, to, *maxFires)
+			if err != nil {
+				return err
+			}
+			return inv.print(res, func(out io.Writer) error {
+				fmt.Fprintf(out, "fired %d (%d already published) from %s to %s\n", res.Fired, res.Duplicates, res.First.Format(time.RFC3339), res.Last.Format(time.RFC3339))
+				if res.Truncated {
+					fmt.Fprintln(out, "more times are left in the range: run again from after the last one")
+				}
+				return nil
+			})
+		})
+	}
 }

@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -12,14 +14,30 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetfleet/jetfleet/pkg/bench"
 	"github.com/jetfleet/jetfleet/pkg/clock"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/natstest"
+	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/scheduler"
 	"github.com/jetfleet/jetfleet/pkg/service"
 	"github.com/jetfleet/jetfleet/pkg/topology"
 )
 
 func TestMain(m *testing.M) {
+	bench.RunChildServerIfAsked() // the bench's delayed scenario runs its server so
+	if os.Getenv("JETFLEET_TEST_MAIN") == "1" {
+		// The child process of runMain: jetfleet's main, with the
+		// arguments after "--".
+		for i, a := range os.Args {
+			if a == "--" {
+				os.Args = append([]string{"jetfleet"}, os.Args[i+1:]...)
+				break
+			}
+		}
+		main()
+		os.Exit(0)
+	}
 	natstest.VerifyNoLeaks(m)
 }
 
@@ -62,6 +80,12 @@ func TestScheduleCommand(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, out, "nightly")
 	assert.Contains(t, out, "every 3600s")
+	out, err = cli("ls", "-all", "-limit", "1", "-o", "json")
+	require.NoError(t, err)
+	var list jetfleet.ScheduleListResponse
+	require.NoError(t, json.Unmarshal([]byte(out), &list), "-all -o json prints one document: %s", out)
+	require.Len(t, list.Schedules, 1)
+	assert.Equal(t, "nightly", list.Schedules[0].ID)
 
 	out, err = cli("preview", "-cron", "30 2 * * *", "-zone", "America/New_York", "-from", "2026-03-07T12:00:00Z", "-count", "2")
 	require.NoError(t, err)
@@ -72,7 +96,12 @@ func TestScheduleCommand(t *testing.T) {
 	assert.Contains(t, out, "paused")
 	out, err = cli("get", "nightly")
 	require.NoError(t, err)
+	assert.Regexp(t, `STATE\s+paused: maintenance`, out)
+	assert.Regexp(t, `TRIGGER\s+every 1h0m0s`, out)
+	out, err = cli("get", "nightly", "-o", "json")
+	require.NoError(t, err)
 	assert.Contains(t, out, `"note": "maintenance"`)
+	assert.Contains(t, out, `"every": "3600s"`)
 	_, err = cli("resume", "nightly")
 	require.NoError(t, err)
 
@@ -90,12 +119,26 @@ func TestScheduleCommand(t *testing.T) {
 	require.NoError(t, err)
 	assert.Contains(t, out, "removed")
 	_, err = cli("get", "nightly")
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "not_found")
+	require.ErrorIs(t, err, protocol.Code(protocol.CodeNotFound))
+	_, err = cli("rm", "nightly")
+	require.ErrorIs(t, err, protocol.Code(protocol.CodeNotFound), "removing a missing schedule is refused")
+	assert.Equal(t, 1, exitCode(err))
+
+	// A trigger the overlap policy skips is refused: no agent runs the first fire.
+	_, err = cli("add", "-every", "1h", "-kind", "report", "-overlap", "skip", "solo")
+	require.NoError(t, err)
+	out, err = cli("trigger", "solo")
+	require.NoError(t, err)
+	assert.Contains(t, out, "fired job sched.solo.manual.")
+	out, err = cli("trigger", "solo")
+	require.ErrorIs(t, err, errRefused)
+	assert.Equal(t, 1, exitCode(err))
+	assert.ErrorContains(t, err, "schedule solo: the trigger was skipped (overlap)")
+	assert.Contains(t, out, "skipped: overlap")
 
 	jobs, err := js.Stream(ctx, "JOBS")
 	require.NoError(t, err)
 	info, err := jobs.Info(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, uint64(4), info.State.Msgs, "one trigger and three backfilled hours")
+	assert.Equal(t, uint64(5), info.State.Msgs, "two triggers and three backfilled hours")
 }

@@ -13,11 +13,13 @@ import (
 	"time"
 
 	"github.com/jetfleet/jetfleet/pkg/agent"
+	"github.com/jetfleet/jetfleet/pkg/telemetry"
 )
 
 // The demos.
 const (
-	// Echo succeeds and writes its payload to the job's output and the log.
+	// Echo succeeds, writes its payload to the job's output and logs the
+	// payload's size (never the payload: it may be large).
 	Echo = "echo"
 	// Sleep sleeps for the payload's duration ({"duration":"2s"}; 1s by default).
 	Sleep = "sleep"
@@ -55,11 +57,12 @@ func RegisterAll(a *agent.Agent, logger *slog.Logger) error {
 	return errors.Join(errs...)
 }
 
-// echo succeeds and writes its payload to the job's output and the log.
+// echo succeeds, writes its payload to the job's output (which keeps its
+// tail) and logs the payload's size.
 func echo(logger *slog.Logger) agent.Handler {
 	return func(ctx context.Context, job *agent.Job) error {
 		_, _ = job.Output().Write(job.Payload)
-		logger.InfoContext(ctx, "echo", "job_id", job.ID, "payload", string(job.Payload))
+		logger.InfoContext(ctx, "echo", telemetry.LogJobID, job.ID, "payload_bytes", len(job.Payload))
 		return nil
 	}
 }

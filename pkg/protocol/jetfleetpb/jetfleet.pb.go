@@ -19,14 +19,13 @@
 package jetfleetpb
 
 import (
-	reflect "reflect"
-	sync "sync"
-	unsafe "unsafe"
-
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
+	reflect "reflect"
+	sync "sync"
+	unsafe "unsafe"
 )
 
 const (
@@ -949,8 +948,9 @@ type AgentCommand struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One of (an agent answers every one, docs/protocol.md §3.6):
 	//
-	//	cancel:  end the running job job_id as cancelled; it is dead-lettered
-	//	         with reason cancelled.
+	//	cancel:  end the running job job_id as cancelled: event cancelled, no
+	//	         dead letter (with dead_letter: dead-lettered with reason
+	//	         cancelled).
 	//	timeout: end the running attempt of job_id as timed out (error code
 	//	         timeout): retried while attempts remain. Sent by the supervisor.
 	//	ping:    nothing to do; any reply proves the agent alive. Sent by the
@@ -961,7 +961,10 @@ type AgentCommand struct {
 	// The job, for cancel and timeout.
 	JobId string `protobuf:"bytes,2,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
 	// Why, recorded as the job's last error.
-	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// cancel: dead-letter the job (reason cancelled) instead of ending it as
+	// cancelled.
+	DeadLetter    bool `protobuf:"varint,4,opt,name=dead_letter,json=deadLetter,proto3" json:"dead_letter,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1017,6 +1020,95 @@ func (x *AgentCommand) GetReason() string {
 	return ""
 }
 
+func (x *AgentCommand) GetDeadLetter() bool {
+	if x != nil {
+		return x.DeadLetter
+	}
+	return false
+}
+
+// JobCancel is the value of a job's key in bucket cancels (key: the job
+// token): a cancel requested for a job that was not running. An agent that
+// receives the job checks the bucket first and ends it as cancelled (or
+// dead-letters it, dead_letter) without running it. The bucket's TTL
+// (topology.cancel_ttl) bounds how long a request waits for its job.
+type JobCancel struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	JobId       string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Reason      string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	DeadLetter  bool                   `protobuf:"varint,3,opt,name=dead_letter,json=deadLetter,proto3" json:"dead_letter,omitempty"`
+	RequestedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=requested_at,json=requestedAt,proto3" json:"requested_at,omitempty"`
+	// Who asked: an operator's name, "scheduler" (cancel_previous), …
+	RequestedBy   string `protobuf:"bytes,5,opt,name=requested_by,json=requestedBy,proto3" json:"requested_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobCancel) Reset() {
+	*x = JobCancel{}
+	mi := &file_jetfleet_v1_jetfleet_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobCancel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobCancel) ProtoMessage() {}
+
+func (x *JobCancel) ProtoReflect() protoreflect.Message {
+	mi := &file_jetfleet_v1_jetfleet_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobCancel.ProtoReflect.Descriptor instead.
+func (*JobCancel) Descriptor() ([]byte, []int) {
+	return file_jetfleet_v1_jetfleet_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *JobCancel) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *JobCancel) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *JobCancel) GetDeadLetter() bool {
+	if x != nil {
+		return x.DeadLetter
+	}
+	return false
+}
+
+func (x *JobCancel) GetRequestedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RequestedAt
+	}
+	return nil
+}
+
+func (x *JobCancel) GetRequestedBy() string {
+	if x != nil {
+		return x.RequestedBy
+	}
+	return ""
+}
+
 // QueueEvent records a change the supervisor made to a queue, such as its
 // circuit breaker opening (the queue's consumer paused) or closing again.
 // Published to the EVENTS stream on events.queue.<queue>.<type>.
@@ -1042,7 +1134,7 @@ type QueueEvent struct {
 
 func (x *QueueEvent) Reset() {
 	*x = QueueEvent{}
-	mi := &file_jetfleet_v1_jetfleet_proto_msgTypes[8]
+	mi := &file_jetfleet_v1_jetfleet_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1054,7 +1146,7 @@ func (x *QueueEvent) String() string {
 func (*QueueEvent) ProtoMessage() {}
 
 func (x *QueueEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_jetfleet_v1_jetfleet_proto_msgTypes[8]
+	mi := &file_jetfleet_v1_jetfleet_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1067,7 +1159,7 @@ func (x *QueueEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueueEvent.ProtoReflect.Descriptor instead.
 func (*QueueEvent) Descriptor() ([]byte, []int) {
-	return file_jetfleet_v1_jetfleet_proto_rawDescGZIP(), []int{8}
+	return file_jetfleet_v1_jetfleet_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *QueueEvent) GetType() string {
@@ -1169,7 +1261,7 @@ type Alert struct {
 
 func (x *Alert) Reset() {
 	*x = Alert{}
-	mi := &file_jetfleet_v1_jetfleet_proto_msgTypes[9]
+	mi := &file_jetfleet_v1_jetfleet_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1181,7 +1273,7 @@ func (x *Alert) String() string {
 func (*Alert) ProtoMessage() {}
 
 func (x *Alert) ProtoReflect() protoreflect.Message {
-	mi := &file_jetfleet_v1_jetfleet_proto_msgTypes[9]
+	mi := &file_jetfleet_v1_jetfleet_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1194,7 +1286,7 @@ func (x *Alert) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Alert.ProtoReflect.Descriptor instead.
 func (*Alert) Descriptor() ([]byte, []int) {
-	return file_jetfleet_v1_jetfleet_proto_rawDescGZIP(), []int{9}
+	return file_jetfleet_v1_jetfleet_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Alert) GetId() string {
@@ -1354,7 +1446,7 @@ type Execution struct {
 
 func (x *Execution) Reset() {
 	*x = Execution{}
-	mi := &file_jetfleet_v1_jetfleet_proto_msgTypes[10]
+	mi := &file_jetfleet_v1_jetfleet_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1366,7 +1458,7 @@ func (x *Execution) String() string {
 func (*Execution) ProtoMessage() {}
 
 func (x *Execution) ProtoReflect() protoreflect.Message {
-	mi := &file_jetfleet_v1_jetfleet_proto_msgTypes[10]
+	mi := &file_jetfleet_v1_jetfleet_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1379,7 +1471,7 @@ func (x *Execution) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Execution.ProtoReflect.Descriptor instead.
 func (*Execution) Descriptor() ([]byte, []int) {
-	return file_jetfleet_v1_jetfleet_proto_rawDescGZIP(), []int{10}
+	return file_jetfleet_v1_jetfleet_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Execution) GetJobId() string {
@@ -1611,11 +1703,20 @@ const file_jetfleet_v1_jetfleet_proto_rawDesc = "" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1c\n" +
 	"\tretryable\x18\x03 \x01(\bR\tretryable\x12\x14\n" +
-	"\x05field\x18\x04 \x01(\tR\x05field\"U\n" +
+	"\x05field\x18\x04 \x01(\tR\x05field\"v\n" +
 	"\fAgentCommand\x12\x16\n" +
 	"\x06action\x18\x01 \x01(\tR\x06action\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xbc\x02\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1f\n" +
+	"\vdead_letter\x18\x04 \x01(\bR\n" +
+	"deadLetter\"\xbd\x01\n" +
+	"\tJobCancel\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1f\n" +
+	"\vdead_letter\x18\x03 \x01(\bR\n" +
+	"deadLetter\x12=\n" +
+	"\frequested_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\vrequestedAt\x12!\n" +
+	"\frequested_by\x18\x05 \x01(\tR\vrequestedBy\"\xbc\x02\n" +
 	"\n" +
 	"QueueEvent\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x14\n" +
@@ -1684,7 +1785,7 @@ func file_jetfleet_v1_jetfleet_proto_rawDescGZIP() []byte {
 	return file_jetfleet_v1_jetfleet_proto_rawDescData
 }
 
-var file_jetfleet_v1_jetfleet_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_jetfleet_v1_jetfleet_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_jetfleet_v1_jetfleet_proto_goTypes = []any{
 	(*Heartbeat)(nil),             // 0: jetfleet.v1.Heartbeat
 	(*InFlightJob)(nil),           // 1: jetfleet.v1.InFlightJob
@@ -1694,43 +1795,45 @@ var file_jetfleet_v1_jetfleet_proto_goTypes = []any{
 	(*HeaderValues)(nil),          // 5: jetfleet.v1.HeaderValues
 	(*Error)(nil),                 // 6: jetfleet.v1.Error
 	(*AgentCommand)(nil),          // 7: jetfleet.v1.AgentCommand
-	(*QueueEvent)(nil),            // 8: jetfleet.v1.QueueEvent
-	(*Alert)(nil),                 // 9: jetfleet.v1.Alert
-	(*Execution)(nil),             // 10: jetfleet.v1.Execution
-	nil,                           // 11: jetfleet.v1.DeadLetter.HeadersEntry
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
+	(*JobCancel)(nil),             // 8: jetfleet.v1.JobCancel
+	(*QueueEvent)(nil),            // 9: jetfleet.v1.QueueEvent
+	(*Alert)(nil),                 // 10: jetfleet.v1.Alert
+	(*Execution)(nil),             // 11: jetfleet.v1.Execution
+	nil,                           // 12: jetfleet.v1.DeadLetter.HeadersEntry
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 14: google.protobuf.Duration
 }
 var file_jetfleet_v1_jetfleet_proto_depIdxs = []int32{
-	12, // 0: jetfleet.v1.Heartbeat.started_at:type_name -> google.protobuf.Timestamp
-	12, // 1: jetfleet.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	13, // 2: jetfleet.v1.Heartbeat.interval:type_name -> google.protobuf.Duration
+	13, // 0: jetfleet.v1.Heartbeat.started_at:type_name -> google.protobuf.Timestamp
+	13, // 1: jetfleet.v1.Heartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	14, // 2: jetfleet.v1.Heartbeat.interval:type_name -> google.protobuf.Duration
 	1,  // 3: jetfleet.v1.Heartbeat.jobs:type_name -> jetfleet.v1.InFlightJob
-	12, // 4: jetfleet.v1.InFlightJob.started_at:type_name -> google.protobuf.Timestamp
-	12, // 5: jetfleet.v1.InFlightJob.deadline:type_name -> google.protobuf.Timestamp
-	12, // 6: jetfleet.v1.JobEvent.time:type_name -> google.protobuf.Timestamp
-	13, // 7: jetfleet.v1.JobEvent.duration:type_name -> google.protobuf.Duration
-	13, // 8: jetfleet.v1.JobEvent.retry_in:type_name -> google.protobuf.Duration
-	12, // 9: jetfleet.v1.JobEvent.nominal_time:type_name -> google.protobuf.Timestamp
-	12, // 10: jetfleet.v1.JobEvent.started_at:type_name -> google.protobuf.Timestamp
-	12, // 11: jetfleet.v1.ScheduleEvent.nominal_time:type_name -> google.protobuf.Timestamp
-	12, // 12: jetfleet.v1.ScheduleEvent.time:type_name -> google.protobuf.Timestamp
-	11, // 13: jetfleet.v1.DeadLetter.headers:type_name -> jetfleet.v1.DeadLetter.HeadersEntry
-	12, // 14: jetfleet.v1.DeadLetter.failed_at:type_name -> google.protobuf.Timestamp
-	12, // 15: jetfleet.v1.QueueEvent.time:type_name -> google.protobuf.Timestamp
-	13, // 16: jetfleet.v1.QueueEvent.window:type_name -> google.protobuf.Duration
-	12, // 17: jetfleet.v1.QueueEvent.until:type_name -> google.protobuf.Timestamp
-	12, // 18: jetfleet.v1.Alert.time:type_name -> google.protobuf.Timestamp
-	13, // 19: jetfleet.v1.Execution.duration:type_name -> google.protobuf.Duration
-	12, // 20: jetfleet.v1.Execution.started_at:type_name -> google.protobuf.Timestamp
-	12, // 21: jetfleet.v1.Execution.finished_at:type_name -> google.protobuf.Timestamp
-	12, // 22: jetfleet.v1.Execution.nominal_time:type_name -> google.protobuf.Timestamp
-	5,  // 23: jetfleet.v1.DeadLetter.HeadersEntry.value:type_name -> jetfleet.v1.HeaderValues
-	24, // [24:24] is the sub-list for method output_type
-	24, // [24:24] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	13, // 4: jetfleet.v1.InFlightJob.started_at:type_name -> google.protobuf.Timestamp
+	13, // 5: jetfleet.v1.InFlightJob.deadline:type_name -> google.protobuf.Timestamp
+	13, // 6: jetfleet.v1.JobEvent.time:type_name -> google.protobuf.Timestamp
+	14, // 7: jetfleet.v1.JobEvent.duration:type_name -> google.protobuf.Duration
+	14, // 8: jetfleet.v1.JobEvent.retry_in:type_name -> google.protobuf.Duration
+	13, // 9: jetfleet.v1.JobEvent.nominal_time:type_name -> google.protobuf.Timestamp
+	13, // 10: jetfleet.v1.JobEvent.started_at:type_name -> google.protobuf.Timestamp
+	13, // 11: jetfleet.v1.ScheduleEvent.nominal_time:type_name -> google.protobuf.Timestamp
+	13, // 12: jetfleet.v1.ScheduleEvent.time:type_name -> google.protobuf.Timestamp
+	12, // 13: jetfleet.v1.DeadLetter.headers:type_name -> jetfleet.v1.DeadLetter.HeadersEntry
+	13, // 14: jetfleet.v1.DeadLetter.failed_at:type_name -> google.protobuf.Timestamp
+	13, // 15: jetfleet.v1.JobCancel.requested_at:type_name -> google.protobuf.Timestamp
+	13, // 16: jetfleet.v1.QueueEvent.time:type_name -> google.protobuf.Timestamp
+	14, // 17: jetfleet.v1.QueueEvent.window:type_name -> google.protobuf.Duration
+	13, // 18: jetfleet.v1.QueueEvent.until:type_name -> google.protobuf.Timestamp
+	13, // 19: jetfleet.v1.Alert.time:type_name -> google.protobuf.Timestamp
+	14, // 20: jetfleet.v1.Execution.duration:type_name -> google.protobuf.Duration
+	13, // 21: jetfleet.v1.Execution.started_at:type_name -> google.protobuf.Timestamp
+	13, // 22: jetfleet.v1.Execution.finished_at:type_name -> google.protobuf.Timestamp
+	13, // 23: jetfleet.v1.Execution.nominal_time:type_name -> google.protobuf.Timestamp
+	5,  // 24: jetfleet.v1.DeadLetter.HeadersEntry.value:type_name -> jetfleet.v1.HeaderValues
+	25, // [25:25] is the sub-list for method output_type
+	25, // [25:25] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_jetfleet_v1_jetfleet_proto_init() }
@@ -1744,7 +1847,7 @@ func file_jetfleet_v1_jetfleet_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_jetfleet_v1_jetfleet_proto_rawDesc), len(file_jetfleet_v1_jetfleet_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
