@@ -27,7 +27,7 @@ func init() {
 			fleet: true, output: true, setup: setupJobsCancel},
 		{name: "trends", args: "[-kind k [-queue q] | -schedule id]",
 			summary: "Print the trend of a job kind or a schedule (runs, failures, p50/p95 duration, scheduling delay per minute or hour, degrading or not); without flags, every series' verdict.",
-			fleet: true, output: true, setup: setupJobsTrends},
+			fleet:   true, output: true, setup: setupJobsTrends},
 	}})
 }
 
