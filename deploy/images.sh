@@ -6,7 +6,7 @@
 #
 #   deploy/images.sh jaeger       jetfleet/jaeger:<version in deploy/jaeger/go.mod>  (cached)
 #   deploy/images.sh nats         jetfleet/nats-server:<version pkg/go.mod requires>, :latest
-#   deploy/images.sh services     jetfleet/{jetfleet,scheduler,agent,supervisor}:$IMAGE_TAG
+#   deploy/images.sh services     jetfleet/{jetfleet,scheduler,agent,supervisor,dashboard}:$IMAGE_TAG
 #                                 from bin/ (go tool task build); IMAGE_TAG defaults to latest
 #   deploy/images.sh jaeger-tidy  refresh deploy/jaeger/go.sum after editing its go.mod
 #
@@ -24,7 +24,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DEPLOY=$ROOT/deploy
 BIN=${BIN:-$ROOT/bin}
 CACHE_DIR=${XDG_CACHE_HOME:-$HOME/.cache}/jetfleet
-SERVICES=(jetfleet scheduler agent supervisor)
+SERVICES=(jetfleet scheduler agent supervisor dashboard)
 
 # Modules whose checksums sum.golang.org answers 404 for (seen for Jaeger v1.76.0's
 # OpenTelemetry collector dependencies). Only jaeger-tidy uses this: it writes their hashes,

@@ -94,7 +94,8 @@ jetfleet stack is running (docs/stack.md):
   NATS        nats://127.0.0.1:${NATS_PORT:-4222}   (users in config/nats/accounts.conf, dev passwords in .env)
   monitoring  http://127.0.0.1:${NATS_MONITOR_PORT:-8222}/
   Jaeger      http://127.0.0.1:${JAEGER_UI_PORT:-16686}/
-  metrics     http://127.0.0.1:${SCHEDULER_1_PORT:-9102}/metrics scheduler-1, :${SCHEDULER_2_PORT:-9112} scheduler-2, :${SUPERVISOR_PORT:-9103} supervisor, :${AGENT_1_PORT:-9101} agent-1, :${AGENT_2_PORT:-9111} agent-2
+  dashboard   http://127.0.0.1:${DASHBOARD_PORT:-8080}/   (logins DASHBOARD_USERS in .env)
+  metrics     http://127.0.0.1:${SCHEDULER_1_PORT:-9102}/metrics scheduler-1, :${SCHEDULER_2_PORT:-9112} scheduler-2, :${SUPERVISOR_PORT:-9103} supervisor, :${AGENT_1_PORT:-9101} agent-1, :${AGENT_2_PORT:-9111} agent-2, :${DASHBOARD_METRICS_PORT:-9104} dashboard
 EOF
 	;;
 wait)

@@ -30,6 +30,7 @@ var passwordVars = map[string]string{
 	"agent":      "AGENT_NATS_PASSWORD",
 	"client":     "CLIENT_NATS_PASSWORD",
 	"admin":      "ADMIN_NATS_PASSWORD",
+	"dashboard":  "DASHBOARD_NATS_PASSWORD",
 }
 
 // devPasswords reads the dev-only passwords from .env in the repository's

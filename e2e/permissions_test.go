@@ -5,7 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/cookiejar"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -17,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetfleet/jetfleet/pkg/agent/agentservice"
+	"github.com/jetfleet/jetfleet/pkg/dashboard"
 	"github.com/jetfleet/jetfleet/pkg/embedded"
 	"github.com/jetfleet/jetfleet/pkg/lifecycle"
 	"github.com/jetfleet/jetfleet/pkg/scheduler"
@@ -229,6 +235,66 @@ func TestNATSPermissions(t *testing.T) {
 		}
 	})
 
+	// The dashboard as its own user: every page reads, its operator actions
+	// act, and it is denied what it must never do.
+	dashPort := freeTCPPort(t)
+	stopDashboard := runService(t, root, url, "dashboard", passwords["dashboard"], dashboardServiceMain(),
+		fmt.Sprintf("dashboard.listen=127.0.0.1:%d", dashPort), "dashboard.auth.users=op:op-password:operator",
+		"dashboard.jaeger.query_url=")
+	t.Run("dashboard reads every view and acts as its user", func(t *testing.T) {
+		base := fmt.Sprintf("http://127.0.0.1:%d", dashPort)
+		def := []byte(`{"id":"perm-dash","spec":{"cron":"@daily"},"target":{"queue":"default","kind":"echo"}}`)
+		if err := apiCall(ctx, client, "jetfleet.api.scheduler.add", def); err != nil {
+			t.Fatal(err)
+		}
+		web := dashboardLogin(t, base, "op", "op-password")
+		for _, path := range []string{"/", "/schedules", "/schedules/perm-dash", "/kinds", "/kinds/default/echo", "/jobs",
+			"/jobs?state=queued", "/jobs?state=succeeded", "/jobs/perm-1", "/running", "/dlq", "/agents"} {
+			eventually(t, 10*time.Second, 100*time.Millisecond, "dashboard page "+path, func() error {
+				return dashboardGet(web, base+path)
+			})
+		}
+		for _, action := range []string{"pause", "resume", "trigger"} {
+			if err := dashboardAction(web, base, "/schedules/perm-dash", "/actions/schedule/"+action, "id=perm-dash"); err != nil {
+				t.Fatalf("%s: %v", action, err)
+			}
+		}
+		if err := apiCall(ctx, client, "jetfleet.api.scheduler.rm", []byte(`{"id":"perm-dash"}`)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("dashboard user is denied", func(t *testing.T) {
+		nc, errs := connect("dashboard")
+		js, _ := jetstream.New(nc)
+		kv, err := js.KeyValue(ctx, "schedules")
+		if err != nil {
+			t.Fatal(err)
+		}
+		probes := []probe{
+			{"delete stream JOBS", "$JS.API.STREAM.DELETE.JOBS", func(ctx context.Context) error { return js.DeleteStream(ctx, "JOBS") }},
+			{"publish a job", "jobs.default.echo", func(ctx context.Context) error {
+				_, err := js.Publish(ctx, "jobs.default.echo", []byte(`{}`))
+				return err
+			}},
+			{"fake a job event", "events.job.default.echo.succeeded.x", func(ctx context.Context) error {
+				_, err := js.Publish(ctx, "events.job.default.echo.succeeded.x", []byte(`{}`))
+				return err
+			}},
+			{"write a schedule", "$KV.schedules.rogue", func(ctx context.Context) error {
+				_, err := kv.Put(ctx, "rogue", []byte(`{}`))
+				return err
+			}},
+			{"add a schedule through the API", "jetfleet.api.scheduler.add", func(ctx context.Context) error {
+				return apiCall(ctx, nc, "jetfleet.api.scheduler.add", []byte(`{"id":"rogue"}`))
+			}},
+			{"remove a queue through the API", "jetfleet.api.queues.rm", func(ctx context.Context) error {
+				return apiCall(ctx, nc, "jetfleet.api.queues.rm", []byte(`{"queue":"default","force":true}`))
+			}},
+			{"read every job", "jobs.>", subscribeProbe(nc, "jobs.>")},
+		}
+		runProbes(t, "dashboard", probes, errs, violations)
+	})
+
 	// A job on a queue no agent serves stays in JOBS: the message the agent
 	// tries to delete below.
 	parked, err := clientJS.Publish(ctx, "jobs.parked.echo", []byte(`{}`))
@@ -422,6 +488,7 @@ func TestNATSPermissions(t *testing.T) {
 	// Every violation the server logged came from the probes above: the
 	// services themselves, from start to stop, never touched a subject their
 	// users may not use.
+	stopDashboard()
 	stopAgent()
 	stopScheduler()
 	stopSupervisor()
@@ -561,6 +628,13 @@ func schedulerServiceMain() serviceMain {
 	}}
 }
 
+func dashboardServiceMain() serviceMain {
+	cfg := dashboard.DefaultServiceConfig()
+	return serviceMain{cfg, func(ctx context.Context, env *service.Env, http *telemetry.HTTPServer) (lifecycle.Component, error) {
+		return dashboard.BuildFunc(cfg.Dashboard)(ctx, env, http)
+	}}
+}
+
 func supervisorServiceMain() serviceMain {
 	cfg := supervisor.DefaultServiceConfig()
 	return serviceMain{cfg, func(ctx context.Context, env *service.Env, http *telemetry.HTTPServer) (lifecycle.Component, error) {
@@ -623,4 +697,85 @@ func (l *violationLog) has(substrs ...string) bool {
 		}
 	}
 	return false
+}
+
+// freeTCPPort returns a loopback port nothing listens on right now.
+func freeTCPPort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+var csrfField = regexp.MustCompile(`name="csrf" value="([0-9a-f]{64})"`)
+
+// dashboardLogin logs in to the dashboard at base and returns a client
+// holding the session (redirects not followed).
+func dashboardLogin(t *testing.T, base, user, password string) *http.Client {
+	t.Helper()
+	jar, _ := cookiejar.New(nil)
+	c := &http.Client{Jar: jar, Timeout: 10 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) { // the service starting
+		if err = dashboardAction(c, base, "/login", "/login", "user="+user+"&password="+password+"&next=/"); err == nil {
+			return c
+		}
+	}
+	t.Fatalf("log in to the dashboard: %v", err)
+	return nil
+}
+
+func dashboardGet(c *http.Client, u string) error {
+	_, err := dashboardBody(c, u)
+	return err
+}
+
+// dashboardBody fetches a page as a browser does; anything but 200 is an error.
+func dashboardBody(c *http.Client, u string) (string, error) {
+	req, _ := http.NewRequest(http.MethodGet, u, nil)
+	req.Header.Set("Accept", "text/html")
+	res, err := c.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET %s: %s: %.300s", u, res.Status, body)
+	}
+	return string(body), nil
+}
+
+// dashboardAction posts form (url-encoded) to action with the CSRF token
+// of page, and expects the redirect that follows an action.
+func dashboardAction(c *http.Client, base, page, action, form string) error {
+	req, _ := http.NewRequest(http.MethodGet, base+page, nil)
+	req.Header.Set("Accept", "text/html")
+	res, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	m := csrfField.FindSubmatch(body)
+	if m == nil {
+		return fmt.Errorf("no CSRF token on %s (%s)", page, res.Status)
+	}
+	res, err = c.Post(base+action, "application/x-www-form-urlencoded", strings.NewReader(form+"&csrf="+string(m[1])))
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	out, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusSeeOther {
+		return fmt.Errorf("POST %s: %s: %.300s", action, res.Status, out)
+	}
+	if ck := res.Header.Values("Set-Cookie"); action != "/login" && !slices.ContainsFunc(ck, func(v string) bool { return strings.HasPrefix(v, "jetfleet_flash=") && !strings.Contains(v, "%21") }) {
+		return fmt.Errorf("POST %s: the action failed: %v", action, ck)
+	}
+	return nil
 }

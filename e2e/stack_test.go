@@ -42,13 +42,16 @@ const (
 	agentPort      = "9101"
 	schedulerPort  = "9102"
 	supervisorPort = "9103"
+	dashboardPort  = "8080"
+	dashMetrics    = "9104"
 )
 
 // hostPortVars are the variables docker-compose.yml publishes its ports
 // with; the test sets each to 0, so Docker picks free host ports and a stack
 // already running on this machine (go tool task up) is not in the way.
 var hostPortVars = []string{"NATS_PORT", "NATS_MONITOR_PORT", "JAEGER_UI_PORT", "JAEGER_OTLP_HTTP_PORT",
-	"JAEGER_OTLP_GRPC_PORT", "AGENT_1_PORT", "AGENT_2_PORT", "SCHEDULER_1_PORT", "SCHEDULER_2_PORT", "SUPERVISOR_PORT"}
+	"JAEGER_OTLP_GRPC_PORT", "AGENT_1_PORT", "AGENT_2_PORT", "SCHEDULER_1_PORT", "SCHEDULER_2_PORT", "SUPERVISOR_PORT",
+	"DASHBOARD_PORT", "DASHBOARD_METRICS_PORT"}
 
 // Stacks started by this process, torn down on SIGINT/SIGTERM too (t.Cleanup
 // does not run when the test binary is interrupted).
@@ -109,6 +112,7 @@ func TestStack(t *testing.T) {
 		{"supervisor", supervisorPort, "jetfleet_supervisor_leader"},
 		{"agent-1", agentPort, "go_goroutines"},
 		{"agent-2", agentPort, "go_goroutines"},
+		{"dashboard", dashMetrics, "go_goroutines"},
 	} {
 		hp := s.hostPort(svc.name, svc.port)
 		if other, ok := hostPorts[hp]; ok {
@@ -165,6 +169,43 @@ func TestStack(t *testing.T) {
 	if pub, exe := tr.find("e2e.publish"), tr.find("agent.execute echo"); pub != nil && exe != nil && !exe.childOf(pub.SpanID) {
 		t.Errorf("agent span %s is not a child of the publisher's span %s", exe.SpanID, pub.SpanID)
 	}
+
+	// 2b. The dashboard: refuses an anonymous request, and a login from .env
+	// (DASHBOARD_USERS, dev-only) reads the overview with both agents and the job.
+	t.Run("dashboard", func(t *testing.T) {
+		base := "http://" + s.hostPort("dashboard", dashboardPort)
+		if err := dashboardGet(&http.Client{Timeout: 10 * time.Second}, base+"/"); err == nil || !strings.Contains(err.Error(), "401") {
+			t.Fatalf("anonymous GET /: %v, want 401", err)
+		}
+		vars, err := readDotEnv(filepath.Join(root, ".env"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		users := os.Getenv("DASHBOARD_USERS")
+		if users == "" {
+			users = vars["DASHBOARD_USERS"]
+		}
+		first := strings.Split(strings.Split(users, ",")[0], ":")
+		if len(first) != 3 {
+			t.Fatalf("DASHBOARD_USERS %q is not name:password:role,…", users)
+		}
+		web := dashboardLogin(t, base, first[0], first[1])
+		for _, want := range []string{"agent-1", "agent-2", "Leaders"} {
+			eventually(t, 30*time.Second, 200*time.Millisecond, "the overview shows "+want, func() error {
+				body, err := dashboardBody(web, base+"/")
+				if err != nil {
+					return err
+				}
+				if !strings.Contains(body, want) {
+					return fmt.Errorf("no %q on the overview", want)
+				}
+				return nil
+			})
+		}
+		if err := dashboardGet(web, base+"/jobs/"+jobID); err != nil {
+			t.Error(err)
+		}
+	})
 
 	// 3. A cron schedule through the CLI.
 	const scheduleID = "e2e-tick"

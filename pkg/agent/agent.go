@@ -164,7 +164,7 @@ func New(nc *nats.Conn, cfg Config, opts ...Option) (*Agent, error) {
 		o(a)
 	}
 	a.logger = a.logger.With(telemetry.LogComponent, "agent", telemetry.LogAgentID, cfg.ID)
-	a.execute = Chain(a.run, Tracing(a.tracer), Logging(a.logger), Metrics(a.meter))
+	a.execute = Chain(a.run, Tracing(a.tracer), Logging(a.logger), Metrics(a.meter), SchedulingDelay(a.meter))
 	if a.noSlot, err = a.meter.Meter(TracerName).Int64Counter("jetfleet.agent.deliveries.without_slot",
 		metric.WithDescription("Deliveries that arrived for no free slot (a pull request counted lost answered after all) and were handed back at once")); err != nil {
 		return nil, fmt.Errorf("agent: metric: %w", err)

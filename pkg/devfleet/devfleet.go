@@ -23,6 +23,7 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/agent/demo"
 	"github.com/jetfleet/jetfleet/pkg/clock"
 	"github.com/jetfleet/jetfleet/pkg/config"
+	"github.com/jetfleet/jetfleet/pkg/dashboard"
 	"github.com/jetfleet/jetfleet/pkg/embedded"
 	"github.com/jetfleet/jetfleet/pkg/lifecycle"
 	"github.com/jetfleet/jetfleet/pkg/scheduler"
@@ -40,6 +41,8 @@ type Config struct {
 	Scheduler    scheduler.Config  `koanf:"scheduler"`
 	Agent        agent.Config      `koanf:"agent"`
 	Supervisor   supervisor.Config `koanf:"supervisor"`
+	// Dashboard is the web dashboard (dashboard.listen "off" runs none).
+	Dashboard dashboard.Config `koanf:"dashboard"`
 }
 
 // EmbeddedConfig configures the embedded NATS server.
@@ -63,6 +66,8 @@ const (
 	DefaultDataDir  = ".jetfleet/data"
 	DefaultPort     = 4222
 	DefaultHTTPAddr = "127.0.0.1:9100"
+	// DashboardOff as dashboard.listen runs no dashboard.
+	DashboardOff = "off"
 )
 
 // DefaultConfig returns the dev fleet's defaults.
@@ -82,6 +87,9 @@ func (c *Config) ApplyDefaults() {
 	c.Scheduler = c.Scheduler.WithDefaults(c.Topology.LeaseTTL)
 	c.Supervisor = c.Supervisor.WithDefaults(c.Topology.LeaseTTL)
 	c.Agent = c.Agent.WithDefaults()
+	if c.Dashboard.Listen != DashboardOff {
+		c.Dashboard = c.Dashboard.WithDefaults()
+	}
 	if c.Embedded.Host == "" {
 		c.Embedded.Host = "127.0.0.1"
 	}
@@ -93,6 +101,9 @@ func (c *Config) Validate() error {
 	ttl := c.Topology.WithDefaults().LeaseTTL
 	errs = append(errs, c.Base.Validate(), c.Agent.Validate("agent"), c.Scheduler.Validate("scheduler", ttl),
 		c.Supervisor.Validate("supervisor", ttl))
+	if c.Dashboard.Listen != DashboardOff {
+		errs = append(errs, c.Dashboard.Validate("dashboard"))
+	}
 	if c.Embedded.Port < -1 || c.Embedded.Port > 65535 {
 		errs = append(errs, config.Invalid("embedded.port", "must be -1 (any free port) or 0 to 65535, got %d", c.Embedded.Port))
 	}
@@ -138,6 +149,7 @@ type Fleet struct {
 	agent      *agent.Agent
 	scheduler  *scheduler.Scheduler
 	supervisor *supervisor.Supervisor
+	dashboard  *dashboard.Dashboard
 }
 
 // New returns a dev fleet for cfg (which Validate has accepted).
@@ -226,6 +238,16 @@ func (f *Fleet) Start(ctx context.Context) (err error) {
 		return err
 	}
 	components = append(components, f.supervisor, f.scheduler, f.agent)
+	if f.cfg.Dashboard.Listen != DashboardOff {
+		dashEnv, err := connect("dashboard")
+		if err != nil {
+			return err
+		}
+		if f.dashboard, err = dashboard.New(f.cfg.Dashboard, dashEnv.Conn, dashboard.Options{Logger: dashEnv.ComponentLogger("dashboard")}); err != nil {
+			return err
+		}
+		components = append(components, f.dashboard)
+	}
 	if f.http != nil {
 		f.http.AddReadyCheck("nats", service.NATSReady(agentEnv.Conn))
 		f.http.AddReadyCheck("scheduler", f.scheduler.Ready)
@@ -282,6 +304,14 @@ func serverMaxPayload(maxJobSize int64) int32 {
 	return int32(max(1<<20, need))
 }
 
+// DashboardURL is where the dashboard serves ("" when it runs none).
+func (f *Fleet) DashboardURL() string {
+	if f.dashboard == nil {
+		return ""
+	}
+	return f.dashboard.URL()
+}
+
 // ClientURL is where NATS clients connect.
 func (f *Fleet) ClientURL() string { return f.srv.ClientURL() }
 
@@ -302,6 +332,9 @@ func (f *Fleet) Summary(w io.Writer) {
 		fmt.Sprintf("  agent %-12s queues %s, kinds %s", f.agent.ID(), strings.Join(f.cfg.Agent.WithDefaults().Queues, ","), strings.Join(f.agent.Kinds(), ", ")),
 		"  scheduler          leader election in bucket leases; API jetfleet.api.scheduler.*",
 		"  supervisor         rescues, dead letters, escalation; API jetfleet.api.dlq.*, jetfleet.api.supervisor.*",
+	}
+	if f.dashboard != nil {
+		lines = append(lines, fmt.Sprintf("  dashboard          %s", f.dashboard.URL()))
 	}
 	if f.http != nil {
 		lines = append(lines, fmt.Sprintf("  metrics, health    http://%s/metrics  /healthz  /readyz", f.http.Addr()))

@@ -33,6 +33,7 @@ func startFleet(t *testing.T, dataDir string, spans sdktrace.SpanExporter) *devf
 	cfg.Embedded.Port = -1
 	cfg.Embedded.DataDir = dataDir
 	cfg.Telemetry.HTTPAddr = "127.0.0.1:0"
+	cfg.Dashboard.Listen = "127.0.0.1:0"
 	fleet, err := devfleet.New(cfg, devfleet.Options{Logger: fleettest.Logger(t), SpanExporter: spans})
 	require.NoError(t, err)
 	require.NoError(t, fleet.Start(fleettest.Ctx(t, 30*time.Second)))

@@ -22,6 +22,7 @@ func startDevFleet() (nc *nats.Conn, stop func()) {
 	}
 	cfg := devfleet.DefaultConfig()
 	cfg.Embedded.Port, cfg.Embedded.DataDir, cfg.Telemetry.HTTPAddr = -1, dir, ""
+	cfg.Dashboard.Listen = devfleet.DashboardOff
 	cfg.ApplyDefaults()
 	fleet, err := devfleet.New(cfg, devfleet.Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {

@@ -104,6 +104,12 @@ const (
 	APIJobDetail   = "jetfleet.api.supervisor.job"
 	APIHistory     = "jetfleet.api.supervisor.history"
 	APIStatus      = "jetfleet.api.supervisor.status"
+	// APIJobList lists jobs by state (queued, delayed, running, failed,
+	// succeeded, dead); APITrends returns a kind's or schedule's trend
+	// buckets and verdict, APITrendList every series' verdict.
+	APIJobList   = "jetfleet.api.supervisor.jobs.ls"
+	APITrends    = "jetfleet.api.supervisor.trends"
+	APITrendList = "jetfleet.api.supervisor.trends.ls"
 
 	APIJobCancel = "jetfleet.api.jobs.cancel"
 

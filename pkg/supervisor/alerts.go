@@ -107,6 +107,7 @@ func (a *alerter) raise(ctx context.Context, al *jetfleetpb.Alert) bool {
 		return false
 	}
 	a.storeIncident(ctx, al.GetKey(), now)
+	a.storeAlert(al.GetKey(), data)
 	if err := s.nc.Publish(protocol.AlertSubject(al.GetSeverity()), data); err != nil {
 		s.log.Warn("alert not published", "key", al.GetKey(), telemetry.LogError, err)
 	}

@@ -41,6 +41,7 @@ func (s *Supervisor) serveAPI() (micro.Service, error) {
 		protocol.APIAgents:   s.apiAgents, protocol.APIRunningJobs: s.apiJobs, protocol.APIJobDetail: s.apiJob,
 		protocol.APIHistory: s.apiHistory, protocol.APIStatus: s.apiStatus,
 		protocol.APIQueueList: s.apiQueues, protocol.APIQueueAdd: s.apiQueueAdd, protocol.APIQueueRemove: s.apiQueueRemove,
+		protocol.APIJobList: s.apiJobList, protocol.APITrends: s.apiTrends, protocol.APITrendList: s.apiTrendList,
 		protocol.APIJobCancel: s.apiCancel,
 	})
 	if err != nil {

@@ -76,6 +76,9 @@ type Config struct {
 	Breaker BreakerConfig `koanf:"breaker"`
 	// Thresholds raise alerts on fleet-wide measures.
 	Thresholds ThresholdsConfig `koanf:"thresholds"`
+	// Trends configures the rollups per kind and schedule and the
+	// degrading verdict (trends.go).
+	Trends TrendsConfig `koanf:"trends"`
 }
 
 // AlertsConfig configures alert delivery.
@@ -272,6 +275,7 @@ func (c Config) withDefaults(leaseTTL time.Duration) Config {
 		c.Thresholds.MinSamples = DefaultThresholdSamples
 	}
 	def(&c.Thresholds.DLQDepthInterval, DefaultDLQDepthInterval)
+	c.Trends = c.Trends.withDefaults()
 	return c
 }
 
@@ -345,6 +349,7 @@ func (c Config) Validate(section string, leaseTTL time.Duration) error {
 	if c.Thresholds.MinSamples < 0 || c.Thresholds.DLQDepth < 0 {
 		errs = append(errs, config.Invalid(key("thresholds.min_samples"), "counts must not be negative"))
 	}
+	errs = append(errs, c.Trends.validate(key("trends")))
 	return errors.Join(errs...)
 }
 

@@ -11,10 +11,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
+	"github.com/jetfleet/jetfleet/pkg/telemetry"
 )
 
 func replaySubject(dlqSeq uint64) string {
@@ -198,6 +200,10 @@ func (s *Supervisor) replay(ctx context.Context, seq uint64, force bool) (*jetfl
 	}
 	from := protocol.StreamDLQ + ":" + strconv.FormatUint(seq, 10)
 	h.Set(protocol.HeaderReplayedFrom, from)
+	sctx, span := s.jobSpan(ctx, "supervisor.replay", h, append(jobAttrs(dl.GetJobId(), dl.GetQueue(), dl.GetKind(), dl.GetOriginalSequence()),
+		attribute.Int64("jetfleet.dlq_sequence", int64(seq)))...)
+	defer span.End()
+	telemetry.Inject(sctx, h) // the replayed run continues the trace under the replay
 	msgID := "replay:" + from
 	if count > 1 {
 		msgID += ":" + strconv.Itoa(count)

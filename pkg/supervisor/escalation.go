@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
@@ -47,6 +48,9 @@ func (s *Supervisor) escalate(ctx context.Context, m jetstream.Msg) error {
 		s.metrics.deadLetters.Add(ctx, 1, attrs("queue", dl.GetQueue(), "reason", dl.GetReason()))
 	}
 	h := protocol.HeadersFromDoc(dl.GetHeaders())
+	_, span := s.jobSpan(ctx, "supervisor.escalate", h, append(jobAttrs(dl.GetJobId(), dl.GetQueue(), dl.GetKind(), dl.GetOriginalSequence()),
+		attribute.String("jetfleet.reason", dl.GetReason()), attribute.Int64("jetfleet.dlq_sequence", int64(meta.Sequence.Stream)))...)
+	defer span.End()
 	scheduleID := h.Get(protocol.HeaderScheduleID)
 	policy := s.cfg.policyFor(dl.GetKind(), scheduleID)
 	if policy.Alert != SeverityNone {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/jetfleet/jetfleet/pkg/clock"
@@ -76,6 +77,9 @@ func (s *Supervisor) moveToDLQ(ctx context.Context, seq uint64, reason string, d
 	}
 	job, _ := protocol.ParseJob(m.Subject, m.Header, m.Data)
 	dl := protocol.NewDeadLetter(job, m.Subject, m.Header, m.Data, seq, s.clk.Now())
+	_, span := s.jobSpan(rctx, "supervisor.dead_letter", m.Header, append(jobAttrs(dl.GetJobId(), dl.GetQueue(), dl.GetKind(), seq),
+		attribute.String("jetfleet.reason", reason))...)
+	defer span.End()
 	job.ID, job.Queue, job.Kind = dl.GetJobId(), dl.GetQueue(), dl.GetKind()
 	prev, err := s.latestEvent(rctx, job.Queue, job.Kind, job.ID)
 	if err != nil {

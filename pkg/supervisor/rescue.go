@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 	"github.com/jetfleet/jetfleet/pkg/telemetry"
@@ -143,13 +145,17 @@ func (t *tracker) rescueJob(ctx context.Context, agent string, a *agentView, j *
 	}
 	rctx, cancel := s.requestCtx(ctx)
 	defer cancel()
-	if _, err := s.jobs.GetMsg(rctx, j.GetStreamSequence()); err != nil {
+	jm, err := s.jobs.GetMsg(rctx, j.GetStreamSequence())
+	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return true // acked or terminated before the agent died
 		}
 		log.Warn("cannot read the job message; retrying the rescue", telemetry.LogError, err)
 		return false
 	}
+	_, span := s.jobSpan(rctx, "supervisor.rescue", jm.Header, append(jobAttrs(j.GetJobId(), j.GetQueue(), j.GetKind(), j.GetStreamSequence()),
+		attribute.String("jetfleet.agent_id", agent))...)
+	defer span.End()
 	prev, err := s.latestEvent(rctx, j.GetQueue(), j.GetKind(), j.GetJobId())
 	if err != nil {
 		log.Warn("cannot read the job's latest event; retrying the rescue", telemetry.LogError, err)

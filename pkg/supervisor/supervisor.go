@@ -53,8 +53,11 @@ type Supervisor struct {
 	alerter *alerter
 	rates   *rates
 	history *history
-	svc     micro.Service
-	runner  lifecycle.Runner
+	trends  *trends
+	// queueDepthGauge is the queue-depth gauge's last measure (queuedepth.go).
+	queueDepthGauge queueDepth
+	svc             micro.Service
+	runner          lifecycle.Runner
 
 	// dlMu serializes dead-lettering by stream sequence, so an advisory and
 	// the reconciliation never both act on one message.
@@ -108,6 +111,7 @@ func New(cfg Config, env *service.Env, clk clock.Clock) (*Supervisor, error) {
 	s.alerter = newAlerter(s)
 	s.rates = newRates(s)
 	s.history = newHistory(s)
+	s.trends = newTrends(s)
 	return s, nil
 }
 
@@ -288,6 +292,7 @@ func (s *Supervisor) onLeadership(leading bool) {
 	s.history.reset()
 	s.alerter.reset()
 	s.rates.reset()
+	s.trends.reset()
 	s.metrics.leading.Store(1)
 }
 
@@ -304,6 +309,8 @@ func (s *Supervisor) leaderTasks() []replica.Task {
 		{Name: "history: job events", Lead: s.consumeEvents},
 		{Name: "queues: unroutable jobs", Lead: s.unroutableLoop},
 		{Name: "breakers: adopt", Lead: s.rates.adopt},
+		{Name: "trends: rollups and verdicts", Lead: s.trends.lead},
+		{Name: "queues: depth gauge", Lead: s.queueDepthLoop},
 	}
 }
 

@@ -29,7 +29,9 @@ func (t *tracker) snapshot(now time.Time) []jetfleet.AgentInfo {
 			Jobs: len(a.hb.GetJobs()), Interval: interval(a.hb), LastSeen: a.lastSeen, SilentFor: now.Sub(a.lastSeen),
 			StartedAt: a.hb.GetStartedAt().AsTime()}
 		if a.dead {
-			info.DeadAt = a.deadAt
+			// A dead agent runs nothing: its jobs are rescued, or wait
+			// for their redelivery (its last heartbeat listed them).
+			info.DeadAt, info.Jobs = a.deadAt, 0
 		}
 		out = append(out, info)
 	}

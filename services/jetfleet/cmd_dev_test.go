@@ -46,7 +46,7 @@ func TestDevThenSubmit(t *testing.T) {
 	devDone := make(chan error, 1)
 	go func() {
 		devDone <- run(ctx, []string{"dev", "-set", "embedded.port=-1", "-set", "embedded.data_dir=" + t.TempDir(),
-			"-set", "telemetry.http_addr=127.0.0.1:0", "-set", "telemetry.log_level=warn"}, out)
+			"-set", "telemetry.http_addr=127.0.0.1:0", "-set", "telemetry.log_level=warn", "-set", "dashboard.listen=127.0.0.1:0"}, out)
 	}()
 	var url string
 	require.Eventually(t, func() bool {

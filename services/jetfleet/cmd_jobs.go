@@ -15,7 +15,7 @@ import (
 
 func init() {
 	register(&command{name: "jobs", summary: "running jobs, a job's status, execution history and cancels: jobs ls|get|history|cancel", subs: []*command{
-		{name: "ls", summary: "List the jobs agents run now, from their heartbeats.", fleet: true, output: true, setup: setupJobsList},
+		{name: "ls", summary: "List the jobs agents run now, from their heartbeats; with -state, the jobs in a state (queued, delayed, running, failed, succeeded, dead).", fleet: true, output: true, setup: setupJobsList},
 		{name: "get", args: "<job_id>", summary: "Print a job's status: its latest event, and where it runs now.",
 			fleet: true, output: true, setup: setupJobsGet},
 		{name: "history", args: "(-kind k [-queue q] | -schedule id)", summary: "Print the last executions of a job kind or a schedule, and their statistics.",
@@ -25,6 +25,9 @@ func init() {
 			help: "A running job's agent ends it; a queued or retrying job is removed; a job not found yet is ended\n" +
 				"by the agent that receives it. The run ends cancelled: no dead letter, unless -dead-letter.",
 			fleet: true, output: true, setup: setupJobsCancel},
+		{name: "trends", args: "[-kind k [-queue q] | -schedule id]",
+			summary: "Print the trend of a job kind or a schedule (runs, failures, p50/p95 duration, scheduling delay per minute or hour, degrading or not); without flags, every series' verdict.",
+			fleet:   true, output: true, setup: setupJobsTrends},
 	}})
 }
 
@@ -105,9 +108,13 @@ func setupJobsList(fs *flag.FlagSet) action {
 	fs.StringVar(&req.Queue, "queue", "", "only jobs of this `queue`")
 	fs.StringVar(&req.Kind, "kind", "", "only jobs of this `kind`")
 	fs.StringVar(&req.AgentID, "agent", "", "only jobs of this agent `id`")
+	st := addStateFlags(fs)
 	return func(ctx context.Context, inv *invocation) error {
 		if err := inv.wantArgs(0); err != nil {
 			return err
+		}
+		if st.state != "" {
+			return runJobsByState(ctx, inv, req, st)
 		}
 		return inv.withAPI(ctx, func(ctx context.Context, api *jetfleet.Client) error {
 			res, err := api.RunningJobs(ctx, req)
