@@ -93,7 +93,7 @@ func TestDashboardInABrowser(t *testing.T) {
 
 	t.Run("pausing from the page pauses the schedule", func(t *testing.T) {
 		st.t = t
-		st.do(chromedp.Navigate(st.url+"/schedules/every-second"), chromedp.WaitVisible(`#pause`),
+		st.doOnLivePage(chromedp.Navigate(st.url+"/schedules/every-second"), chromedp.WaitVisible(`#pause`),
 			chromedp.SendKeys(`#pause-note`, "deploy in progress"), chromedp.Click(`#pause`), chromedp.WaitVisible(`#resume`))
 		info, err := st.client.GetSchedule(ctx, "every-second")
 		must(t, err)
@@ -138,7 +138,8 @@ func TestDashboardInABrowser(t *testing.T) {
 		row := `tr[data-job="` + res.JobID + `"]`
 		st.do(chromedp.Navigate(st.url+"/running"), until(`!!document.querySelector('`+row+`')`))
 		st.shot("running")
-		st.do(chromedp.Click(row+` button`), chromedp.WaitVisible(`.flash`))
+		st.doOnLivePage(chromedp.Navigate(st.url+"/running"), until(`!!document.querySelector('`+row+`')`),
+			chromedp.Click(row+` button`), chromedp.WaitVisible(`.flash`))
 		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 		defer wcancel()
 		info, err := st.client.Wait(wctx, res.JobID)

@@ -164,6 +164,29 @@ func (st *stack) do(steps ...chromedp.Action[chromedp.Void]) {
 	}
 }
 
+// doOnLivePage runs steps that act on a page whose main part live updates
+// replace: a node found by one step can be gone when the next acts on it
+// ("Could not find node with given id"), as a real page changes under a
+// user's pointer. Such a run starts again from its first step, which must
+// be the navigation; any other error fails the test.
+func (st *stack) doOnLivePage(steps ...chromedp.Action[chromedp.Void]) {
+	st.t.Helper()
+	for try := 1; ; try++ {
+		ctx, cancel := context.WithTimeout(st.browser, 45*time.Second)
+		err := chromedp.Do(ctx, steps...)
+		cancel()
+		if err == nil {
+			return
+		}
+		if try < 5 && strings.Contains(err.Error(), "Could not find node with given id") {
+			st.t.Logf("the page changed under a step (try %d): %v; again from the navigation", try, err)
+			continue
+		}
+		html, _ := chromedp.Run(st.browser, chromedp.Evaluate[string](`document.body ? document.body.innerText.slice(0, 3000) : ""`))
+		st.t.Fatalf("browser: %v\npage text:\n%s", err, html)
+	}
+}
+
 // eval returns the value of a JavaScript expression on the page.
 func eval[T any](st *stack, expr string) T {
 	st.t.Helper()

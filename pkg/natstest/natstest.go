@@ -407,4 +407,7 @@ var leakOptions = []goleak.Option{
 	goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*Server).Start.func1"),
 	goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*fileStore).syncBlocks"),
 	goleak.IgnoreAnyFunction("go.opencensus.io/stats/view.(*worker).start"),
+	// JOBS sources DELAYED: the server waits for its source consumer's
+	// answer on a timer (srcConsumerWaitTime) that a shutdown does not stop.
+	goleak.IgnoreAnyFunction("github.com/nats-io/nats-server/v2/server.(*stream).trySetupSourceConsumer.func3"),
 }
