@@ -326,6 +326,23 @@ func TestNATSPermissions(t *testing.T) {
 		}
 	})
 
+	// An agent takes a limited kind's concurrency slot and next start in
+	// bucket limits (docs/protocol.md §2.4), with a TTL on the slot.
+	t.Run("agent user takes a limited kind's slot and next start", func(t *testing.T) {
+		nc, errs := connect("agent")
+		js, _ := jetstream.New(nc)
+		kv, err := js.KeyValue(ctx, "limits")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Create(ctx, "slot.default.perm.0", []byte(`{"agent_id":"probe"}`), jetstream.KeyTTL(15*time.Second)); err != nil {
+			t.Errorf("take a slot: %v (async errors: %v)", err, errs.errs)
+		}
+		if _, err := kv.Create(ctx, "rate.default.perm", []byte("0")); err != nil {
+			t.Errorf("take the next start: %v (async errors: %v)", err, errs.errs)
+		}
+	})
+
 	t.Run("agent user is denied", func(t *testing.T) {
 		nc, errs := connect("agent")
 		js, _ := jetstream.New(nc)
@@ -338,7 +355,7 @@ func TestNATSPermissions(t *testing.T) {
 			t.Fatal(err)
 		}
 		buckets := map[string]jetstream.KeyValue{}
-		for _, b := range []string{"schedules", "schedule_state", "leases"} {
+		for _, b := range []string{"schedules", "schedule_state", "leases", "limits"} {
 			if buckets[b], err = js.KeyValue(ctx, b); err != nil {
 				t.Fatal(err)
 			}
@@ -377,6 +394,10 @@ func TestNATSPermissions(t *testing.T) {
 			}},
 			{"take the scheduler's lease", "$KV.leases.scheduler", func(ctx context.Context) error {
 				_, err := buckets["leases"].Put(ctx, "scheduler", []byte("rogue"))
+				return err
+			}},
+			{"lift or change a kind's fleet-wide limit", "$KV.limits.def.default.echo", func(ctx context.Context) error {
+				_, err := buckets["limits"].Put(ctx, "def.default.echo", []byte(`{"concurrency":1000}`))
 				return err
 			}},
 			{"delete the queue's consumer", "$JS.API.CONSUMER.DELETE.JOBS.queue-default", func(ctx context.Context) error {

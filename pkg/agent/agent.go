@@ -53,6 +53,7 @@ type Agent struct {
 	agentsKV jetstream.KeyValue
 	fleet    *fleetView
 	cancels  *cancelView
+	limits   *fleetLimits // fleet-wide limits per kind (limits.go)
 
 	runner    lifecycle.Runner
 	jobs      sync.WaitGroup
@@ -274,6 +275,15 @@ func (a *Agent) Start(ctx context.Context) error {
 	if err := mirrorBucket(ctx, runCtx, &a.runner, cancelsKV, a.cancels.apply); err != nil {
 		return fmt.Errorf("agent: watch cancels: %w", err)
 	}
+	limitsKV, err := a.js.KeyValue(ctx, protocol.BucketLimits)
+	if err != nil {
+		return fmt.Errorf("agent: bucket %s: %w", protocol.BucketLimits, err)
+	}
+	a.limits = newFleetLimits(a.js, limitsKV, a.cfg.ID, a.logger)
+	if err := mirrorBucket(ctx, runCtx, &a.runner, limitsKV, a.limits.apply); err != nil {
+		return fmt.Errorf("agent: watch limits: %w", err)
+	}
+	a.runner.Go(a.limits.renewLoop)
 	if a.replies, err = newReplies(a.nc, asyncTimeout); err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}

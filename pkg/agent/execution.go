@@ -281,6 +281,14 @@ func (a *Agent) run(ctx context.Context, job *Job) error {
 		case <-ctx.Done():
 		}
 	}
+	releaseLimit := func() {}
+	if ctx.Err() == nil && a.limits.limited(job.Queue, job.Kind) {
+		// The kind is capped across the fleet: wait for its slot and its
+		// next start (limits.go); the attempt starts after.
+		if release, err := a.limits.admit(ctx, job.Queue, job.Kind, job.ID, func(reason string) { a.publishWaiting(ex, reason) }); err == nil {
+			releaseLimit = release
+		}
+	}
 	start := time.Now()
 	job.Deadline = start.Add(timeout)
 	ex.mu.Lock()
@@ -298,6 +306,7 @@ func (a *Agent) run(ctx context.Context, job *Job) error {
 		// (while waiting for the kind's slot): it did not succeed.
 		err = context.Cause(ctx)
 	}
+	releaseLimit()
 	if !a.backedUp() {
 		a.freeSlot(ex) // the work is done; the next job may come while this one settles
 	}

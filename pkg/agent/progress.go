@@ -87,6 +87,20 @@ func (a *Agent) publishStartedLocked(ex *execution) {
 	a.recorder.event(a.event(ex, protocol.EventStarted))
 }
 
+// publishWaiting records that the job waits for its kind's fleet-wide
+// limit, and why.
+func (a *Agent) publishWaiting(ex *execution, reason string) {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	if ex.settled.Load() {
+		return
+	}
+	ev := a.event(ex, protocol.EventWaiting)
+	ev.Reason = reason
+	a.recorder.event(ev)
+	a.logger.Info("job waits for its kind's fleet-wide limit", telemetry.LogJobID, ex.job.ID, "reason", reason)
+}
+
 // reportProgress records the handler's report and sends it: at once when
 // the last progress event of the attempt went out at least
 // protocol.ProgressEventInterval ago, else when that interval has passed —

@@ -18,6 +18,13 @@
 // with the job, so the agent's span continues the caller's trace.
 // EnqueueMany publishes many jobs at once, with one result each.
 //
+// Job control: WithProcessAt and WithProcessIn delay a job (JetStream
+// message schedules, docs/protocol.md §2.2), WithPriority runs it before or
+// after the queue's default jobs (§2.3), Client.Cancel and CancelJobs end
+// jobs wherever they are (queued, delayed, between attempts or running,
+// §3.8), and SetLimit caps a kind across the whole fleet — at most N
+// running at once, at most R started per period (§2.4, ExampleClient_SetLimit).
+//
 // Any program that speaks NATS can enqueue a job without this package: one
 // message on jobs.<queue>.<kind> (docs/protocol.md §2).
 //

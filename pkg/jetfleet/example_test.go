@@ -302,3 +302,72 @@ func Example_progress() {
 	// Output:
 	// running: 40% — resizing image 4 of 10
 }
+
+// CallPartnerAPI are the arguments of a job that calls a rate-limited API.
+type CallPartnerAPI struct {
+	Order int `json:"order"`
+}
+
+func (CallPartnerAPI) Kind() string  { return "call-partner" }
+func (CallPartnerAPI) Queue() string { return "partners" }
+
+// SetLimit caps a kind across every agent: here 2 running at once and 10
+// starts a second. A job over the limit waits (state waiting) without
+// spending an attempt.
+func ExampleClient_SetLimit() {
+	nc, stop := startDevFleet()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	client := jetfleet.NewClient(nc)
+	err := client.SetLimit(ctx, "partners", "call-partner", jetfleet.KindLimit{Concurrency: 2, Rate: 10, Period: time.Second})
+	if err != nil {
+		panic(err)
+	}
+
+	var running, most atomic.Int32
+	a, err := agent.New(nc, agent.Config{Queues: []string{"partners"}, Concurrency: 10})
+	if err != nil {
+		panic(err)
+	}
+	err = agent.AddHandler(a, func(ctx context.Context, job *agent.Job, call CallPartnerAPI) error {
+		n := running.Add(1)
+		defer running.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(150 * time.Millisecond) // the call
+		return nil
+	})
+	if err != nil {
+		panic(err)
+	}
+	if err := a.Start(ctx); err != nil {
+		panic(err)
+	}
+	defer a.Stop(ctx)
+
+	var ids []string
+	for i := range 6 {
+		res, err := client.Enqueue(ctx, CallPartnerAPI{Order: i})
+		if err != nil {
+			panic(err)
+		}
+		ids = append(ids, res.JobID)
+	}
+	for _, id := range ids {
+		if _, err := client.Wait(ctx, id); err != nil {
+			panic(err)
+		}
+	}
+	limits, err := client.Limits(ctx)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("most running at once:", most.Load())
+	fmt.Println("limit:", limits[0].Queue, limits[0].Kind, limits[0].Limit.Concurrency, limits[0].Limit.Rate, limits[0].Limit.Period)
+	fmt.Println(client.SetLimit(ctx, "partners", "call-partner", jetfleet.KindLimit{Rate: 0, Period: time.Minute}))
+	// Output:
+	// most running at once: 2
+	// limit: partners call-partner 2 10 1s
+	// invalid_argument: limit of partners/call-partner: period "1m0s" without a rate: a rate of zero starts nothing; give rate > 0 or no period
+}

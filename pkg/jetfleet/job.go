@@ -53,8 +53,9 @@ type JobInfo struct {
 	Queue string `json:"queue"`
 	Kind  string `json:"kind"`
 	// State is the latest event's type: started, succeeded, retrying,
-	// snoozed, released, failed, cancelled, dead, rescued, timed_out or
-	// skipped_duplicate; StateRunning (running) when it is a progress
+	// snoozed, released, failed, cancelled, dead, rescued, timed_out,
+	// skipped_duplicate or waiting (for its kind's fleet-wide limit, Reason
+	// says which; SetLimit); StateRunning (running) when it is a progress
 	// report; or StateDelayed for a job waiting for its process_at.
 	State string `json:"state"`
 	// Progress is the running job's latest progress report, when its latest

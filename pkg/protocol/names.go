@@ -40,6 +40,10 @@ const (
 	// running (JobCancel documents, key: the job token); agents check it
 	// before they run a job.
 	BucketCancels = "cancels"
+	// BucketLimits holds the fleet-wide limits per kind (KindLimit
+	// documents), the concurrency slots taken and the rate's next start
+	// (docs/protocol.md §2.4).
+	BucketLimits = "limits"
 )
 
 // Subject roots and wildcards.

@@ -31,6 +31,10 @@ const (
 	EventTimedOut = "timed_out"
 	// EventSkippedDuplicate: a redelivered job had already succeeded and was acked without running.
 	EventSkippedDuplicate = "skipped_duplicate"
+	// EventWaiting: the job waits on its agent for its kind's fleet-wide
+	// limit (reason says which); no attempt is spent. A started event
+	// follows when it may start.
+	EventWaiting = "waiting"
 )
 
 // Schedule event types (ScheduleEvent.type).

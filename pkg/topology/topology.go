@@ -148,7 +148,15 @@ func buckets(c Config) []bucketSpec {
 		{cfg: kv(protocol.BucketLeases, "jetfleet leader leases", 1, c.LeaseTTL), disposable: true},
 		{cfg: kv(protocol.BucketAgents, "jetfleet agent registry", 1, c.AgentTTL), disposable: true},
 		{cfg: kv(protocol.BucketCancels, "jetfleet cancels of jobs not running", 1, c.CancelTTL)},
+		{cfg: limitsBucket(kv(protocol.BucketLimits, "jetfleet fleet-wide limits per kind", 1, 0))},
 	}
+}
+
+// limitsBucket lets the limits bucket's keys carry their own TTL (a
+// concurrency slot expires unless its holder renews it).
+func limitsBucket(cfg jetstream.KeyValueConfig) jetstream.KeyValueConfig {
+	cfg.LimitMarkerTTL = protocol.LimitSlotTTL
+	return cfg
 }
 
 // Ensure provisions every stream and bucket of c.
