@@ -7,6 +7,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -23,10 +24,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetfleet/jetfleet/pkg/clock"
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/natstest"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
+	"github.com/jetfleet/jetfleet/pkg/supervisor"
 	"github.com/jetfleet/jetfleet/pkg/topology"
 )
 
@@ -318,4 +322,52 @@ func TestSIGTERMedAgentHandsJobsBackAtOnce(t *testing.T) {
 		}
 	}
 	assert.Equal(t, []string{"started@leaving", "released@leaving", "started@staying", "succeeded@staying"}, types)
+}
+
+// cancellableJobs is a handlers section whose kind "work" runs until it is
+// signalled; each program writes its pid to pids first.
+func cancellableJobs(pids string) string {
+	return fmt.Sprintf(`  work:
+    type: exec
+    command: /bin/sh
+    args: [-c, "echo $$ > \"$PIDS\"; exec sleep 600"]
+    env: {PIDS: %s}
+    kill_grace: 5s
+`, pids)
+}
+
+// TestRunningJobOnAnAgentProcessIsCancelledByID is issue 20's cancel of a
+// running job held by an agent in another process: the client asks the
+// supervisor by job id only; the supervisor finds the agent from its
+// heartbeats and sends the command; the agent stops the job's program and
+// records cancelled — no dead letter, the job gone from JOBS.
+func TestRunningJobOnAnAgentProcessIsCancelledByID(t *testing.T) {
+	t.Parallel()
+	const ackWait = time.Minute
+	srv, nc, events, env := setupServer(t, ackWait)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sup, err := supervisor.New(supervisor.Config{CheckInterval: 50 * time.Millisecond}, fleettest.NewEnv(t, srv, env.Base.Topology).Env, clock.Real())
+	require.NoError(t, err)
+	require.NoError(t, sup.Start(ctx))
+	t.Cleanup(func() { _ = sup.Stop(context.Background()) })
+	pids := newPidPipe(t)
+	startAgent(t, srv, nc, ackWait, "far-away", cancellableJobs(pids.path))
+
+	fleettest.Publish(t, env.JetStream, protocol.Job{ID: "c-0", Queue: "default", Kind: "work"})
+	program := pids.next(t)
+	events.WaitFor(t, 30*time.Second, "c-0", protocol.EventStarted)
+	res, err := jetfleet.NewClient(nc).Cancel(ctx, "c-0", jetfleet.CancelReason("the order was withdrawn"))
+	require.NoError(t, err)
+	t.Logf("cancel result: %+v", *res)
+
+	ev := events.WaitFor(t, 30*time.Second, "c-0", protocol.EventCancelled)
+	assert.Equal(t, "far-away", ev.GetAgentId())
+	assert.Contains(t, ev.GetError(), "the order was withdrawn")
+	assert.Eventually(t, func() bool { return !alive(program) }, 10*time.Second, 10*time.Millisecond, "the job's program outlived its cancel")
+	fleettest.WaitStreamMsgs(t, env.JetStream, protocol.StreamJobs, 0, 10*time.Second)
+	assert.Empty(t, fleettest.DeadLetters(t, env.JetStream), "a cancel is not a dead letter")
+	for _, e := range events.All() {
+		assert.NotContains(t, []string{protocol.EventFailed, protocol.EventDead}, e.GetType(), "job %s", e.GetJobId())
+	}
 }
