@@ -136,7 +136,8 @@ func TestDashboardInABrowser(t *testing.T) {
 		res, err := st.client.Enqueue(ctx, sleepArgs{Duration: "60s"})
 		must(t, err)
 		row := `tr[data-job="` + res.JobID + `"]`
-		st.do(chromedp.Navigate(st.url+"/running"), until(`!!document.querySelector('`+row+`')`))
+		st.do(chromedp.Navigate(st.url+"/running"), until(`!!document.querySelector('`+row+`')`),
+			until(`!!document.querySelector('`+row+` progress') && document.querySelector('`+row+`').innerText.includes('slept ')`))
 		st.shot("running")
 		st.doOnLivePage(chromedp.Navigate(st.url+"/running"), until(`!!document.querySelector('`+row+`')`),
 			chromedp.Click(row+` button`), chromedp.WaitVisible(`.flash`))

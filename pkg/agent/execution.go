@@ -47,6 +47,7 @@ type execution struct {
 	deadline     time.Time
 	attempt      int
 	lastProgress time.Time // the last +WPI
+	waited       bool      // a waiting event was sent (fleet-wide limit)
 	// report is the handler's latest progress report, listed in heartbeats.
 	// progressSent is when the last progress event went out and
 	// progressEvents how many did (the n of their message ids);
@@ -293,8 +294,11 @@ func (a *Agent) run(ctx context.Context, job *Job) error {
 	job.Deadline = start.Add(timeout)
 	ex.mu.Lock()
 	ex.started, ex.deadline, ex.attempt, ex.running = start, job.Deadline, attempt, true
+	waited := ex.waited
 	ex.mu.Unlock()
-	if a.cfg.StartedEventAfter < 0 {
+	if a.cfg.StartedEventAfter < 0 || (waited && ctx.Err() == nil) {
+		// A job that waited for its kind's limit says at once that it
+		// runs: its status is not left at waiting.
 		a.publishStarted(ex)
 	}
 

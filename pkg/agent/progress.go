@@ -95,6 +95,7 @@ func (a *Agent) publishWaiting(ex *execution, reason string) {
 	if ex.settled.Load() {
 		return
 	}
+	ex.waited = true
 	ev := a.event(ex, protocol.EventWaiting)
 	ev.Reason = reason
 	a.recorder.event(ev)

@@ -274,7 +274,7 @@ func (h *hub) onEvent(m *nats.Msg) {
 			if subject.Type == protocol.EventDead {
 				topics = append(topics, "dlq")
 			}
-		case protocol.EventStarted, protocol.EventRescued, protocol.EventTimedOut, protocol.EventCancelled, protocol.EventFailed:
+		case protocol.EventStarted, protocol.EventProgress, protocol.EventWaiting, protocol.EventRescued, protocol.EventTimedOut, protocol.EventCancelled, protocol.EventFailed:
 			topics = append(topics, "running")
 		}
 		h.mark(topics...)

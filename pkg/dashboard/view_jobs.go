@@ -186,6 +186,9 @@ func (d *Dashboard) jobData(ctx context.Context, id string) (*jobBody, error) {
 	}
 	if len(b.Running) > 0 {
 		b.State, b.Queue, b.Kind = "running", b.Running[0].Queue, b.Running[0].Kind
+		if b.Latest.GetType() == protocol.EventWaiting {
+			b.State = protocol.EventWaiting // held by its agent until its kind's fleet-wide limit lets it start
+		}
 		if seq == 0 {
 			seq = b.Running[0].StreamSequence
 		}

@@ -21,7 +21,7 @@ const (
 	// Echo succeeds, writes its payload to the job's output and logs the
 	// payload's size (never the payload: it may be large).
 	Echo = "echo"
-	// Sleep sleeps for the payload's duration ({"duration":"2s"}; 1s by default).
+	// Sleep sleeps for the payload's duration ({"duration":"2s"}; 1s by default), reporting its progress once a second.
 	Sleep = "sleep"
 	// Fail fails every attempt, so the job lands in the dead-letter stream;
 	// {"non_retryable":true} fails it at once.
@@ -80,11 +80,23 @@ func sleep(ctx context.Context, _ *agent.Job, p sleepPayload) error {
 			return agent.Malformed(fmt.Errorf("duration %q is not a duration such as 2s", p.Duration))
 		}
 	}
-	select {
-	case <-time.After(d):
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	// It reports how far it got once a second, as a long job would.
+	start := time.Now()
+	done := time.After(d)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+			slept := time.Since(start).Round(time.Second)
+			if err := agent.ReportProgress(ctx, min(float64(slept)/float64(d), 1), fmt.Sprintf("slept %s of %s", slept, d)); err != nil {
+				return err
+			}
+		}
 	}
 }
 
