@@ -39,6 +39,9 @@ type Config struct {
 	// OutputTail is how many bytes of a job's output are kept in its events
 	// and dead letter. Defaults to 4KiB.
 	OutputTail config.ByteSize `koanf:"output_tail"`
+	// MaxResult bounds a job's result (RecordResult), stored with its
+	// succeeded event. Defaults to 64KiB; at most 256KiB.
+	MaxResult config.ByteSize `koanf:"max_result"`
 	// StartedEventAfter publishes a job's started event once it has run this
 	// long; quicker jobs only get their terminal event, which carries
 	// started_at too. This keeps bookkeeping to one stored event for most
@@ -130,6 +133,9 @@ func (c Config) WithDefaults() Config {
 	if c.OutputTail == 0 {
 		c.OutputTail = DefaultOutputTail
 	}
+	if c.MaxResult == 0 {
+		c.MaxResult = DefaultMaxResult
+	}
 	if c.StartedEventAfter == 0 {
 		c.StartedEventAfter = DefaultStartedEventAfter
 	}
@@ -171,6 +177,9 @@ func (c Config) Validate(section string) error {
 	}
 	if c.OutputTail < 0 || c.OutputTail > MaxOutputTail {
 		errs = append(errs, config.Invalid(key("output_tail"), "must be 0 to %s (it travels in events and dead letters), got %s", config.ByteSize(MaxOutputTail), c.OutputTail))
+	}
+	if c.MaxResult < 0 || c.MaxResult > MaxResult {
+		errs = append(errs, config.Invalid(key("max_result"), "must be 0 to %s (a result travels in the succeeded event), got %s", config.ByteSize(MaxResult), c.MaxResult))
 	}
 	if c.MaxUnconfirmed < 0 {
 		errs = append(errs, config.Invalid(key("max_unconfirmed"), "must be at least 1, got %d", c.MaxUnconfirmed))

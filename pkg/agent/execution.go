@@ -48,6 +48,7 @@ type execution struct {
 	attempt      int
 	lastProgress time.Time // the last +WPI
 	waited       bool      // a waiting event was sent (fleet-wide limit)
+	result       []byte    // the handler's result (RecordResult), for the succeeded event
 	// report is the handler's latest progress report, listed in heartbeats.
 	// progressSent is when the last progress event went out and
 	// progressEvents how many did (the n of their message ids);

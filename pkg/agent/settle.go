@@ -37,6 +37,11 @@ func (a *Agent) settle(ctx context.Context, ex *execution, v verdict, err error,
 
 	switch v.action {
 	case actAck:
+		if v.event == protocol.EventSucceeded {
+			ex.mu.Lock()
+			ev.Result = ex.result
+			ex.mu.Unlock()
+		}
 		// The ack waits for the event: a job is never acked without its
 		// outcome stored, and if the ack is lost, the redelivery finds
 		// "succeeded" and is acked without running again.

@@ -371,3 +371,56 @@ func ExampleClient_SetLimit() {
 	// limit: partners call-partner 2 10 1s
 	// invalid_argument: limit of partners/call-partner: period "1m0s" without a rate: a rate of zero starts nothing; give rate > 0 or no period
 }
+
+// CountRows are the arguments of a job that returns a result.
+type CountRows struct {
+	Table string `json:"table"`
+}
+
+func (CountRows) Kind() string { return "count-rows" }
+
+// A handler returns a result with agent.RecordResult; Wait (and Job)
+// return it with the job's status.
+func Example_result() {
+	nc, stop := startDevFleet()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	a, err := agent.New(nc, agent.Config{})
+	if err != nil {
+		panic(err)
+	}
+	err = agent.AddHandler(a, func(ctx context.Context, job *agent.Job, c CountRows) error {
+		return agent.RecordResult(ctx, map[string]any{"table": c.Table, "rows": 1042})
+	})
+	if err != nil {
+		panic(err)
+	}
+	if err := a.Start(ctx); err != nil {
+		panic(err)
+	}
+	defer a.Stop(ctx)
+
+	client := jetfleet.NewClient(nc)
+	res, err := client.Enqueue(ctx, CountRows{Table: "orders"})
+	if err != nil {
+		panic(err)
+	}
+	job, err := client.Wait(ctx, res.JobID)
+	if err != nil {
+		panic(err)
+	}
+	var counted struct {
+		Table string `json:"table"`
+		Rows  int    `json:"rows"`
+	}
+	if err := job.DecodeResult(&counted); err != nil {
+		panic(err)
+	}
+	fmt.Println(job.State, string(job.Result))
+	fmt.Println(counted.Table, counted.Rows)
+	// Output:
+	// succeeded {"rows":1042,"table":"orders"}
+	// orders 1042
+}

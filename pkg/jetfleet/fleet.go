@@ -93,6 +93,8 @@ type JobDetail struct {
 	Progress *Progress `json:"progress,omitempty"`
 	// Delayed is set while the job waits in DELAYED for its process_at.
 	Delayed *protocol.DelayedJob `json:"delayed,omitempty"`
+	// Result is what a succeeded job's handler returned (JobInfo.Result).
+	Result json.RawMessage `json:"result,omitempty"`
 }
 
 // Decode returns the latest event, or nil.

@@ -2,6 +2,8 @@ package jetfleet
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -70,6 +72,10 @@ type JobInfo struct {
 	Time        time.Time `json:"time"`
 	// ProcessAt is when a delayed job (State delayed) becomes due.
 	ProcessAt time.Time `json:"process_at,omitzero"`
+	// Result is what the job's handler returned, on a succeeded job that
+	// recorded one (agent.RecordResult; docs/protocol.md §3.10): a JSON
+	// document. Decode it with DecodeResult.
+	Result json.RawMessage `json:"result,omitempty"`
 	// Event is the latest JobEvent, every field of it; nil for a delayed job.
 	Event *jetfleetpb.JobEvent `json:"-"`
 }
@@ -93,7 +99,35 @@ func jobInfo(ev *jetfleetpb.JobEvent) *JobInfo {
 	if info.Progress = ProgressOfEvent(ev); info.Progress != nil {
 		info.State = StateRunning
 	}
+	info.Result = ResultOfEvent(ev)
 	return info
+}
+
+// ResultOfEvent is the result a succeeded event carries, or nil. A result
+// that is not JSON (a foreign agent's) is returned as a JSON string of it.
+func ResultOfEvent(ev *jetfleetpb.JobEvent) json.RawMessage {
+	r := ev.GetResult()
+	switch {
+	case len(r) == 0:
+		return nil
+	case json.Valid(r):
+		return r
+	}
+	s, _ := json.Marshal(string(r))
+	return s
+}
+
+// ErrNoResult is what DecodeResult returns for a job without a result.
+var ErrNoResult = errors.New("jetfleet: the job has no result")
+
+// DecodeResult decodes the job's result into v, as encoding/json does;
+// ErrNoResult when it has none (it did not succeed, or its handler recorded
+// nothing).
+func (j *JobInfo) DecodeResult(v any) error {
+	if len(j.Result) == 0 {
+		return ErrNoResult
+	}
+	return json.Unmarshal(j.Result, v)
 }
 
 // Job returns a job's status; a delayed job's is StateDelayed. A job

@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"encoding/base64"
 	"math"
 	"strconv"
 	"strings"
@@ -43,6 +44,7 @@ func appendJobEvent(b []byte, ev *jetfleetpb.JobEvent) []byte {
 	w.u64("delivered", ev.GetDelivered())
 	w.f64("progress", ev.GetProgress())
 	w.str("progress_message", ev.GetProgressMessage())
+	w.bytes("result", ev.GetResult())
 	return append(w.b, '}')
 }
 
@@ -67,6 +69,17 @@ func (w *objectWriter) str(n, v string) {
 	}
 	w.name(n)
 	w.b = appendJSONString(w.b, v)
+}
+
+// bytes writes standard base64 with padding, as the canonical mapping does.
+func (w *objectWriter) bytes(n string, v []byte) {
+	if len(v) == 0 {
+		return
+	}
+	w.name(n)
+	w.b = append(w.b, '"')
+	w.b = base64.StdEncoding.AppendEncode(w.b, v)
+	w.b = append(w.b, '"')
 }
 
 func (w *objectWriter) u32(n string, v uint32) {

@@ -65,6 +65,8 @@ func TestJobEventEncoderMatchesProtojson(t *testing.T) {
 				m.Set(f, protoreflect.ValueOfUint64(r.Uint64()))
 			case protoreflect.DoubleKind:
 				m.Set(f, protoreflect.ValueOfFloat64(randomFloat(r)))
+			case protoreflect.BytesKind:
+				m.Set(f, protoreflect.ValueOfBytes([]byte(randomString(r))))
 			case protoreflect.MessageKind:
 				switch f.Message().FullName() {
 				case "google.protobuf.Timestamp":

@@ -202,6 +202,7 @@ func (s *Supervisor) apiJob(ctx context.Context, data []byte) (any, error) {
 	if ev != nil {
 		res.Event, _ = protocol.Marshal(ev)
 		res.EventSequence = seq
+		res.Result = jetfleet.ResultOfEvent(ev)
 	}
 	for _, j := range s.tracker.running(s.clk.Now()) {
 		if j.JobID == req.JobID {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os/user"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -172,6 +173,9 @@ func setupJobsGet(fs *flag.FlagSet) action {
 	}
 }
 
+// maxResultShown is how much of a job's result jobs get prints in a table.
+const maxResultShown = 500
+
 // printJobDetail prints a job's latest event and where it runs, one field a line.
 func printJobDetail(out io.Writer, res *jetfleet.JobDetail) error {
 	ev, err := res.Decode()
@@ -215,6 +219,13 @@ func printJobDetail(out io.Writer, res *jetfleet.JobDetail) error {
 	}
 	if p := res.Progress; p != nil {
 		fmt.Fprintf(tw, "PROGRESS\t%s (reported %s)\n", p, p.Time.UTC().Format(time.RFC3339))
+	}
+	if r := res.Result; len(r) > 0 {
+		text := string(r)
+		if len(text) > maxResultShown {
+			text = fmt.Sprintf("%s… (%d bytes; -o json shows all)", strings.ToValidUTF8(text[:maxResultShown], ""), len(r))
+		}
+		fmt.Fprintf(tw, "RESULT\t%s\n", text)
 	}
 	for _, r := range res.Running {
 		fmt.Fprintf(tw, "RUNNING ON\t%s (attempt %d, delivery %d, %s)\n", r.AgentID, r.Attempt, r.Delivered, r.State)

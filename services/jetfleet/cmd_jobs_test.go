@@ -95,3 +95,46 @@ func TestJobsShowProgress(t *testing.T) {
 	assert.Equal(t, "resizing image 4 of 10", detail.Progress.Message)
 	assert.Contains(t, out, `"fraction": 0.4`)
 }
+
+// TestJobsGetShowsTheResult: jobs get prints a succeeded job's result on a
+// RESULT line, and -o json has it as JSON.
+func TestJobsGetShowsTheResult(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Server(t)
+	env := fleettest.NewEnv(t, srv, topology.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sup, err := supervisor.New(supervisor.Config{CheckInterval: 50 * time.Millisecond}, fleettest.NewEnv(t, srv, topology.Config{}).Env, clock.Real())
+	require.NoError(t, err)
+	require.NoError(t, sup.Start(ctx))
+	t.Cleanup(func() { _ = sup.Stop(context.Background()) })
+	a, err := agent.New(env.Env.Conn, agent.Config{ID: "cli-result"}, agent.WithEnv(env.Env))
+	require.NoError(t, err)
+	require.NoError(t, a.Register("count", func(ctx context.Context, _ *agent.Job) error {
+		return agent.RecordResult(ctx, map[string]int{"rows": 42})
+	}, agent.KindOptions{}))
+	require.NoError(t, a.Start(ctx))
+	t.Cleanup(func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = a.Stop(stopCtx)
+	})
+	cli := func(args ...string) (string, error) {
+		var out bytes.Buffer
+		full := append(append(append([]string(nil), args[:2]...), "-server", srv.ClientURL()), args[2:]...)
+		err := run(ctx, full, &out)
+		return out.String(), err
+	}
+	_, err = cli("submit", "default", "count", "-id", "count-7", `{}`)
+	require.NoError(t, err)
+	fleettest.WaitLatestEvent(t, env.JetStream, "count-7", protocol.EventSucceeded, 10*time.Second)
+	out, err := cli("jobs", "get", "count-7")
+	require.NoError(t, err)
+	assert.Regexp(t, `RESULT\s+\{"rows":42\}\n`, out)
+	out, err = cli("jobs", "get", "-o", "json", "count-7")
+	require.NoError(t, err)
+	assert.Contains(t, out, `"result": {`)
+	var detail jetfleet.JobDetail
+	require.NoError(t, json.Unmarshal([]byte(out), &detail), out)
+	assert.JSONEq(t, `{"rows":42}`, string(detail.Result))
+}

@@ -1,13 +1,17 @@
 package command
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
@@ -36,8 +40,11 @@ const (
 	// attempt (agent.Job.IdempotencyKey and AttemptKey).
 	EnvIdempotencyKey = "JETFLEET_IDEMPOTENCY_KEY"
 	EnvAttemptKey     = "JETFLEET_ATTEMPT_KEY"
-	EnvTraceParent    = "TRACEPARENT"
-	EnvTraceState     = "TRACESTATE"
+	// EnvResult names a file the program may write its result to: a JSON
+	// document, recorded (agent.RecordResult) when the program succeeds.
+	EnvResult      = "JETFLEET_RESULT"
+	EnvTraceParent = "TRACEPARENT"
+	EnvTraceState  = "TRACESTATE"
 )
 
 // Handler runs a configured program for each job. Use its Run method as
@@ -151,7 +158,17 @@ func (h *Handler) Run(ctx context.Context, job *agent.Job) error {
 		stdinW.Close()
 		return fmt.Errorf("exec: output pipe: %w", err)
 	}
+	// The result file lives in a directory of its own, not in a configured
+	// working directory that other attempts may share.
+	resultDir, err := os.MkdirTemp("", "jetfleet-result-")
+	if err != nil {
+		closeAll(stdinR, stdinW, outR, outW)
+		return fmt.Errorf("exec: result directory: %w", err)
+	}
+	defer os.RemoveAll(resultDir)
+	resultFile := filepath.Join(resultDir, "result.json")
 	cmd := h.command(ctx, job, dir)
+	cmd.Env = append(cmd.Env, EnvResult+"="+resultFile)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdinR, outW, outW
 
 	pgid, err := h.start(cmd)
@@ -230,7 +247,38 @@ func (h *Handler) Run(ctx context.Context, job *agent.Job) error {
 	if stopCause != nil {
 		return fmt.Errorf("exec: %s: process group terminated: %w", h.cfg.Command, stopCause)
 	}
-	return h.result(cmd.ProcessState, waitErr)
+	if err := h.result(cmd.ProcessState, waitErr); err != nil {
+		return err
+	}
+	return recordResultFile(ctx, resultFile)
+}
+
+// recordResultFile records what a program that succeeded wrote to its
+// result file, if anything. A result that is not JSON, or too large, fails
+// the attempt for good: running the program again would write it again.
+func recordResultFile(ctx context.Context, path string) error {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("exec: read $%s: %w", EnvResult, err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, agent.MaxResult+1))
+	if err != nil {
+		return fmt.Errorf("exec: read $%s: %w", EnvResult, err)
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil
+	}
+	if len(data) > agent.MaxResult {
+		return agent.NonRetryable(fmt.Errorf("exec: $%s: %w: more than %d bytes", EnvResult, agent.ErrResultTooLarge, agent.MaxResult))
+	}
+	if err := agent.RecordResult(ctx, json.RawMessage(data)); err != nil {
+		return agent.NonRetryable(fmt.Errorf("exec: $%s: %w", EnvResult, err))
+	}
+	return nil
 }
 
 // command builds the exec.Cmd of one attempt: the program itself, or the

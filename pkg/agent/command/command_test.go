@@ -509,3 +509,26 @@ echo "::progress lots"; echo done`},
 	assert.Equal(t, "image 3 of 4", progress[1].GetProgressMessage(), "a line on stderr reports too")
 	assert.Equal(t, "::progress lots\ndone\n", ok.GetOutputTail(), "progress lines are not output; a bad one is")
 }
+
+// TestProgramWritesItsResult: a program writes its result, a JSON
+// document, to the file $JETFLEET_RESULT names; it is stored with the
+// succeeded event. A result that is not JSON fails the job for good.
+func TestProgramWritesItsResult(t *testing.T) {
+	t.Parallel()
+	f := setup(t, agent.Config{}, map[string]command.Config{
+		"export": {Command: "/bin/sh", Args: []string{"-c", `printf '{"files": [\n "a.csv", "b.csv"]}\n' > "$JETFLEET_RESULT"`}},
+		"broken": {Command: "/bin/sh", Args: []string{"-c", `echo 'rows=42' > "$JETFLEET_RESULT"`}},
+		"silent": {Command: "/bin/true"},
+	})
+	f.publish(t, protocol.Job{ID: "export-1", Kind: "export"})
+	f.publish(t, protocol.Job{ID: "broken-1", Kind: "broken"})
+	f.publish(t, protocol.Job{ID: "silent-1", Kind: "silent"})
+	ok := f.events.WaitFor(t, 30*time.Second, "export-1", protocol.EventSucceeded)
+	assert.Equal(t, `{"files":["a.csv","b.csv"]}`, string(ok.GetResult()), "stored as compact JSON")
+	dead := f.events.WaitFor(t, 30*time.Second, "broken-1", protocol.EventDead)
+	assert.Contains(t, dead.GetError(), "$JETFLEET_RESULT")
+	assert.Contains(t, dead.GetError(), "not a JSON document")
+	assert.Equal(t, uint32(1), dead.GetAttempt(), "not retried: the program would write it again")
+	silent := f.events.WaitFor(t, 30*time.Second, "silent-1", protocol.EventSucceeded)
+	assert.Empty(t, silent.GetResult(), "no file, no result")
+}

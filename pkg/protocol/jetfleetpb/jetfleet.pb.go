@@ -337,7 +337,7 @@ func (x *InFlightJob) GetProgressAt() *timestamppb.Timestamp {
 type JobEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One of: started, progress, succeeded, retrying, snoozed, released,
-	// failed, cancelled, dead, rescued, timed_out, skipped_duplicate.
+	// failed, cancelled, dead, rescued, timed_out, skipped_duplicate, waiting.
 	Type        string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
 	JobId       string                 `protobuf:"bytes,2,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
 	Queue       string                 `protobuf:"bytes,3,opt,name=queue,proto3" json:"queue,omitempty"`
@@ -376,8 +376,12 @@ type JobEvent struct {
 	// bytes), on progress events (docs/protocol.md §3.9).
 	Progress        float64 `protobuf:"fixed64,22,opt,name=progress,proto3" json:"progress,omitempty"`
 	ProgressMessage string  `protobuf:"bytes,23,opt,name=progress_message,json=progressMessage,proto3" json:"progress_message,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// What the handler returned, on succeeded events (docs/protocol.md
+	// §3.10): a JSON document of at most agent.max_result bytes (64 KiB by
+	// default), base64 in the event's JSON as proto3 bytes are.
+	Result        []byte `protobuf:"bytes,24,opt,name=result,proto3" json:"result,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobEvent) Reset() {
@@ -569,6 +573,13 @@ func (x *JobEvent) GetProgressMessage() string {
 		return x.ProgressMessage
 	}
 	return ""
+}
+
+func (x *JobEvent) GetResult() []byte {
+	if x != nil {
+		return x.Result
+	}
+	return nil
 }
 
 // ScheduleEvent records a scheduling decision. Published to the EVENTS stream
@@ -1681,7 +1692,7 @@ const file_jetfleet_v1_jetfleet_proto_rawDesc = "" +
 	" \x01(\x01R\bprogress\x12)\n" +
 	"\x10progress_message\x18\v \x01(\tR\x0fprogressMessage\x12;\n" +
 	"\vprogress_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"progressAt\"\xa0\x06\n" +
+	"progressAt\"\xb8\x06\n" +
 	"\bJobEvent\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x14\n" +
@@ -1710,7 +1721,8 @@ const file_jetfleet_v1_jetfleet_proto_rawDesc = "" +
 	"outputTail\x12\x1c\n" +
 	"\tdelivered\x18\x15 \x01(\x04R\tdelivered\x12\x1a\n" +
 	"\bprogress\x18\x16 \x01(\x01R\bprogress\x12)\n" +
-	"\x10progress_message\x18\x17 \x01(\tR\x0fprogressMessage\"\xbd\x02\n" +
+	"\x10progress_message\x18\x17 \x01(\tR\x0fprogressMessage\x12\x16\n" +
+	"\x06result\x18\x18 \x01(\fR\x06result\"\xbd\x02\n" +
 	"\rScheduleEvent\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x1f\n" +
 	"\vschedule_id\x18\x02 \x01(\tR\n" +
