@@ -44,7 +44,7 @@ func TestEveryViewRendersTheFleet(t *testing.T) {
 		{"/kinds/default/echo", []string{"Kind echo", tr.JobID}},
 		{"/jobs?state=succeeded", []string{tr.JobID}},
 		{"/jobs?state=dead", []string{res.JobID}},
-		{"/jobs/" + url.PathEscape(tr.JobID), []string{"Timeline", "succeeded", "JOBS keeps a job only until"}},
+		{"/jobs/" + url.PathEscape(tr.JobID), []string{"Timeline", "succeeded", "JOBS keeps a job only until", "Result", "payload_bytes"}},
 		{"/jobs/" + url.PathEscape(res.JobID), []string{"Dead letter", "non_retryable", "Payload"}},
 		{"/running", []string{"dev-agent"}},
 		{"/dlq", []string{res.JobID}},

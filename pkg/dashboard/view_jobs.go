@@ -91,6 +91,7 @@ type jobBody struct {
 	Running []jetfleet.RunningJob
 	// The message, from JOBS (still there) or from its dead letter.
 	Payload    *payloadView
+	Result     *payloadView // what the handler returned (docs/protocol.md §3.10)
 	Headers    map[string][]string
 	Source     string
 	DLQ        *jetfleet.DeadLetterEntry
@@ -183,6 +184,10 @@ func (d *Dashboard) jobData(ctx context.Context, id string) (*jobBody, error) {
 	}
 	if b.Latest != nil {
 		b.State, b.Queue, b.Kind = b.Latest.GetType(), b.Latest.GetQueue(), b.Latest.GetKind()
+		if r := jetfleet.ResultOfEvent(b.Latest); r != nil {
+			v := decodePayload(r)
+			b.Result = &v
+		}
 	}
 	if len(b.Running) > 0 {
 		b.State, b.Queue, b.Kind = "running", b.Running[0].Queue, b.Running[0].Kind

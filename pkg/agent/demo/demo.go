@@ -18,8 +18,9 @@ import (
 
 // The demos.
 const (
-	// Echo succeeds, writes its payload to the job's output and logs the
-	// payload's size (never the payload: it may be large).
+	// Echo succeeds, writes its payload to the job's output, logs the
+	// payload's size (never the payload: it may be large) and returns it as
+	// its result ({"payload_bytes":N}).
 	Echo = "echo"
 	// Sleep sleeps for the payload's duration ({"duration":"2s"}; 1s by default), reporting its progress once a second.
 	Sleep = "sleep"
@@ -63,7 +64,7 @@ func echo(logger *slog.Logger) agent.Handler {
 	return func(ctx context.Context, job *agent.Job) error {
 		_, _ = job.Output().Write(job.Payload)
 		logger.InfoContext(ctx, "echo", telemetry.LogJobID, job.ID, "payload_bytes", len(job.Payload))
-		return nil
+		return agent.RecordResult(ctx, map[string]int{"payload_bytes": len(job.Payload)})
 	}
 }
 
