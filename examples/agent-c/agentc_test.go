@@ -243,6 +243,7 @@ func TestEchoJobSucceeds(t *testing.T) {
 		assert.NotNil(t, ev.GetDuration())
 		assert.False(t, ev.GetTime().AsTime().IsZero())
 		assert.False(t, ev.GetStartedAt().AsTime().IsZero())
+		assert.Equal(t, `{"payload_bytes":17}`, string(ev.GetResult()), "its result (§3.10)")
 
 		st := fleettest.WaitLatestEvent(t, f.js, id, protocol.EventSucceeded, waitTimeout) // found by the job token Go computes
 		assert.Equal(t, protocol.EventSucceeded, st.GetType(), "the latest event is the job's status")

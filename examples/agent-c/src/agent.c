@@ -489,6 +489,8 @@ typedef struct {
     double progress;
     const char *progress_message;
     uint64_t progress_n;
+    /* succeeded events: the kind's result (§3.10), a JSON document; NULL or empty: none */
+    const char *result;
 } event;
 
 static void event_json(jbuf *b, const struct job *j, const event *e)
@@ -518,6 +520,8 @@ static void event_json(jbuf *b, const struct job *j, const event *e)
     jb_u64(b, "delivered", j->ack.delivered);
     jb_double(b, "progress", e->progress);
     jb_str(b, "progress_message", e->progress_message);
+    if (e->result)
+        jb_bytes(b, "result", e->result, strlen(e->result));
     jb_end_object(b);
 }
 
@@ -653,9 +657,9 @@ static void ack_once_stored(struct job *j, const event *e)
     nak(j, UNSTORED_OUTCOME_DELAY);
 }
 
-static void succeed(struct job *j, int64_t took)
+static void succeed(struct job *j, int64_t took, const char *result)
 {
-    event e = {.type = "succeeded", .duration = took, .retry_in = -1, .snoozes = j->snoozes};
+    event e = {.type = "succeeded", .duration = took, .retry_in = -1, .snoozes = j->snoozes, .result = result};
     settle(j);
     ack_once_stored(j, &e);
 }
@@ -1114,7 +1118,7 @@ static void process(struct job *j)
     const char *code = run.error_code ? run.error_code : "handler_error";
     switch (r) {
     case JOB_OK:
-        succeed(j, took);
+        succeed(j, took, run.result);
         break;
     case JOB_MALFORMED:
         dead_letter(j, "malformed_payload", "malformed_payload", "failed", run.error, took);

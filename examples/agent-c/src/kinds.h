@@ -22,6 +22,9 @@ typedef struct {
     size_t payload_len;
     int64_t timeout_ns; /* bound on this attempt (Jetfleet-Timeout or the agent's default) */
     int attempt;        /* 1 for the first attempt */
+    /* Set by a kind that succeeds with a result (docs/protocol.md §3.10): a
+     * JSON document, NUL-terminated; empty: none. */
+    char result[1024];
     /* Set by a kind that fails: */
     char error[512];
     const char *error_code; /* "handler_error" when left NULL; "timeout" for timeouts */
