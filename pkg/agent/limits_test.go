@@ -227,3 +227,38 @@ func TestInvalidLimitMakesJobsWaitAndSaysWhy(t *testing.T) {
 	setLimit(t, f.js, "default", "mail", protocol.KindLimit{Rate: 10, Period: "1s"})
 	f.events.WaitFor(t, 10*time.Second, "mail-1", protocol.EventSucceeded)
 }
+
+// TestFleetWideSlotOutlivesItsTTLWhileTheJobRuns: a job that runs longer
+// than a slot's TTL keeps its slot (its agent renews it), so the next job
+// of a kind limited to one waits for it to end.
+func TestFleetWideSlotOutlivesItsTTLWhileTheJobRuns(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	setLimit(t, f.js, "default", "report", protocol.KindLimit{Concurrency: 1})
+	long := protocol.LimitSlotTTL + 5*time.Second
+	var ends sync.Map
+	f.startAgent(t, agent.Config{}, func(a *agent.Agent) {
+		must(t, a.Register("report", func(ctx context.Context, job *agent.Job) error {
+			if job.ID == "report-long" {
+				select {
+				case <-time.After(long): // the work
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			ends.Store(job.ID, time.Now())
+			return nil
+		}, agent.KindOptions{}))
+	})
+	fleettest.Publish(t, f.js, protocol.Job{ID: "report-long", Queue: "default", Kind: "report"})
+	f.events.WaitFor(t, 10*time.Second, "report-long", protocol.EventStarted)
+	fleettest.Publish(t, f.js, protocol.Job{ID: "report-next", Queue: "default", Kind: "report"})
+	f.events.WaitFor(t, 10*time.Second, "report-next", protocol.EventWaiting)
+	f.events.WaitFor(t, long+10*time.Second, "report-next", protocol.EventSucceeded)
+	longEnd, _ := ends.Load("report-long")
+	nextEnd, _ := ends.Load("report-next")
+	require.NotNil(t, longEnd)
+	require.NotNil(t, nextEnd)
+	assert.True(t, nextEnd.(time.Time).After(longEnd.(time.Time)),
+		"the second job ran while the first held the kind's only slot past its TTL")
+}
