@@ -137,7 +137,7 @@ func (h *Handler) Run(ctx context.Context, job *agent.Job) error {
 		if err != nil {
 			return fmt.Errorf("exec: working directory: %w", err)
 		}
-		defer os.RemoveAll(tmp)
+		defer func() { _ = os.RemoveAll(tmp) }() // a temporary directory left behind does not fail the job
 		dir = tmp
 	}
 	out := job.Output()
@@ -147,8 +147,8 @@ func (h *Handler) Run(ctx context.Context, job *agent.Job) error {
 	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
-		stdinR.Close()
-		stdinW.Close()
+		_ = stdinR.Close() // the pipe's creation error is the one returned
+		_ = stdinW.Close()
 		return fmt.Errorf("exec: output pipe: %w", err)
 	}
 	cmd := h.command(ctx, job, dir)
@@ -192,7 +192,7 @@ func (h *Handler) Run(ctx context.Context, job *agent.Job) error {
 			stopCause = context.Cause(ctx)
 			termSent = time.Now()
 			why := stopCause.Error()
-			if stopCause == context.DeadlineExceeded {
+			if errors.Is(stopCause, context.DeadlineExceeded) {
 				why = "the attempt timed out"
 			}
 			fmt.Fprintf(out, "\n[jetfleet: %s; SIGTERM sent to the process group", why)
