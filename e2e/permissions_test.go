@@ -727,7 +727,7 @@ func freeTCPPort(t *testing.T) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	defer func() { _ = ln.Close() }() // only its port was wanted
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
@@ -763,7 +763,7 @@ func dashboardBody(c *http.Client, u string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	defer res.Body.Close()
+	defer func() { _ = res.Body.Close() }()
 	body, _ := io.ReadAll(res.Body)
 	if res.StatusCode != http.StatusOK {
 		return "", fmt.Errorf("GET %s: %s: %.300s", u, res.Status, body)
@@ -781,7 +781,7 @@ func dashboardAction(c *http.Client, base, page, action, form string) error {
 		return err
 	}
 	body, _ := io.ReadAll(res.Body)
-	res.Body.Close()
+	_ = res.Body.Close()
 	m := csrfField.FindSubmatch(body)
 	if m == nil {
 		return fmt.Errorf("no CSRF token on %s (%s)", page, res.Status)
@@ -790,7 +790,7 @@ func dashboardAction(c *http.Client, base, page, action, form string) error {
 	if err != nil {
 		return err
 	}
-	defer res.Body.Close()
+	defer func() { _ = res.Body.Close() }()
 	out, _ := io.ReadAll(res.Body)
 	if res.StatusCode != http.StatusSeeOther {
 		return fmt.Errorf("POST %s: %s: %.300s", action, res.Status, out)

@@ -38,7 +38,6 @@ type stack struct {
 	t      *testing.T
 	fleet  *devfleet.Fleet
 	nc     *nats.Conn
-	js     nats.JetStreamContext
 	client *jetfleet.Client
 	url    string
 	// slow makes kind report take 400ms instead of 10ms; broken makes kind
@@ -273,7 +272,7 @@ func jaegerAPI(spans *tracetest.InMemoryExporter) http.Handler {
 				sp.References = []ref{{"CHILD_OF", id, s.Parent.SpanID().String()}}
 			}
 			for _, a := range s.Attributes {
-				sp.Tags = append(sp.Tags, tag{string(a.Key), "string", a.Value.Emit()})
+				sp.Tags = append(sp.Tags, tag{string(a.Key), "string", a.Value.String()})
 			}
 			out = append(out, sp)
 		}

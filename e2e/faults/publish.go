@@ -124,7 +124,7 @@ func (pb *publisher) publishBurst(ctx context.Context, specs []jobSpec) {
 			case ack := <-fut.Ok():
 				pb.ack(specs[i], ack)
 				continue
-			case <-fut.Err():
+			case <-fut.Err(): //nolint:errcheck // the outcome is unknown: published again below
 			case <-ctx.Done():
 				return
 			}

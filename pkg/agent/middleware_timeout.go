@@ -24,7 +24,7 @@ func Timeout() Middleware {
 			err := next(dc, job)
 			// Only the deadline ends dc with DeadlineExceeded: its parent, the
 			// job's own context, has none and ends with Canceled.
-			if err != nil && dc.Err() == context.DeadlineExceeded {
+			if err != nil && errors.Is(dc.Err(), context.DeadlineExceeded) {
 				var te *TimeoutError
 				if !errors.As(err, &te) {
 					return &TimeoutError{Timeout: job.Deadline.Sub(start).Round(time.Millisecond)}

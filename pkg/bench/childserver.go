@@ -96,8 +96,11 @@ func startChildServer(ctx context.Context, dir string) (*childServer, error) {
 // stop ends the child: its stdin closes, it shuts its server down.
 func (c *childServer) stop() {
 	_ = c.stdin.Close()
-	done := make(chan error, 1)
-	go func() { done <- c.cmd.Wait() }()
+	done := make(chan struct{})
+	go func() {
+		_ = c.cmd.Wait() // told to stop (or killed): its exit status says nothing more
+		close(done)
+	}()
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):

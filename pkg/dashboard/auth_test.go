@@ -65,7 +65,7 @@ func TestCredentialsAndRoles(t *testing.T) {
 	assert.Equal(t, http.StatusOK, status)
 	res, err := anon.PostForm(b.url+"/actions/schedule/pause", url.Values{"id": {"guarded"}})
 	require.NoError(t, err)
-	res.Body.Close()
+	_ = res.Body.Close()
 	assert.Equal(t, http.StatusUnauthorized, res.StatusCode)
 
 	// A bearer token reads.
@@ -73,7 +73,7 @@ func TestCredentialsAndRoles(t *testing.T) {
 	req.Header.Set("Authorization", "Bearer viewer-token-0123456789")
 	res, err = http.DefaultClient.Do(req)
 	require.NoError(t, err)
-	res.Body.Close()
+	_ = res.Body.Close()
 	assert.Equal(t, http.StatusOK, res.StatusCode)
 
 	login := func(user, password string) *http.Client {
@@ -102,7 +102,7 @@ func TestCredentialsAndRoles(t *testing.T) {
 	// Without the CSRF token.
 	res, err = operator.PostForm(b.url+"/actions/schedule/pause", url.Values{"id": {"guarded"}})
 	require.NoError(t, err)
-	res.Body.Close()
+	_ = res.Body.Close()
 	assert.Equal(t, http.StatusForbidden, res.StatusCode)
 	status, _ = post(t, operator, b.url, "/schedules/guarded", "/actions/schedule/pause", url.Values{"id": {"guarded"}, "note": {"maintenance window"}})
 	require.Equal(t, http.StatusSeeOther, status)

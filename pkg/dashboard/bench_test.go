@@ -211,7 +211,7 @@ func benchGet(b *testing.B, url string) {
 		b.Fatal(err)
 	}
 	_, _ = io.Copy(io.Discard, res.Body)
-	res.Body.Close()
+	_ = res.Body.Close()
 	if res.StatusCode != http.StatusOK {
 		b.Fatalf("%s: %s", url, res.Status)
 	}

@@ -116,7 +116,7 @@ func (h *hub) start(ctx, runCtx context.Context) error {
 		if err != nil {
 			return err
 		}
-		sub.SetPendingLimits(1<<20, 256<<20)
+		_ = sub.SetPendingLimits(1<<20, 256<<20) // fails only on a closed subscription or a zero limit
 		h.subs = append(h.subs, sub)
 	}
 	if err := h.nc.FlushWithContext(ctx); err != nil {

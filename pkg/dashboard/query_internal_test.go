@@ -1,6 +1,7 @@
 package dashboard
 
 import (
+	"errors"
 	"net/url"
 	"testing"
 	"time"
@@ -26,7 +27,8 @@ func FuzzParseFilter(f *testing.F) {
 		}
 		fl, err := parseFilter(q, now, 1000, all...)
 		if err != nil {
-			if _, ok := err.(*queryError); !ok {
+			var qe *queryError
+			if !errors.As(err, &qe) {
 				t.Fatalf("error of type %T: %v", err, err)
 			}
 			return

@@ -88,7 +88,7 @@ func (d *Dashboard) recover(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
 			if v := recover(); v != nil {
-				if v == http.ErrAbortHandler {
+				if v == http.ErrAbortHandler { //nolint:errorlint // the value given to panic, compared as net/http does
 					panic(v)
 				}
 				d.log.Error("dashboard: panic", "path", r.URL.Path, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))

@@ -109,7 +109,7 @@ func get(t testing.TB, c *http.Client, u string) (int, string) {
 	req.Header.Set("Accept", "text/html")
 	res, err := c.Do(req)
 	require.NoError(t, err)
-	defer res.Body.Close()
+	defer func() { _ = res.Body.Close() }()
 	body, err := io.ReadAll(res.Body)
 	require.NoError(t, err)
 	return res.StatusCode, string(body)
@@ -126,18 +126,9 @@ func post(t testing.TB, c *http.Client, base, page, action string, form url.Valu
 	form.Set("csrf", m[1])
 	res, err := c.PostForm(base+action, form)
 	require.NoError(t, err)
-	defer res.Body.Close()
+	defer func() { _ = res.Body.Close() }()
 	out, _ := io.ReadAll(res.Body)
 	return res.StatusCode, string(out)
-}
-
-func contains(t testing.TB, body string, parts ...string) {
-	t.Helper()
-	for _, p := range parts {
-		if !strings.Contains(body, p) {
-			t.Fatalf("page lacks %q:\n%s", p, body)
-		}
-	}
 }
 
 // The dev agent's demo kinds.
@@ -146,18 +137,6 @@ type failArgs struct {
 }
 
 func (failArgs) Kind() string { return "fail" }
-
-type sleepArgs struct {
-	Duration string `json:"duration"`
-}
-
-func (sleepArgs) Kind() string { return "sleep" }
-
-type echoArgs struct {
-	Hello string `json:"hello"`
-}
-
-func (echoArgs) Kind() string { return "echo" }
 
 func containsAll(body string, parts ...string) bool {
 	for _, p := range parts {

@@ -71,7 +71,7 @@ func (d *Dashboard) fetchTrace(ctx context.Context, traceID string) (*waterfall,
 	if err != nil {
 		return nil, fmt.Errorf("Jaeger is not reachable: %v", err)
 	}
-	defer res.Body.Close()
+	defer func() { _ = res.Body.Close() }() // read, or given up on: nothing to report on close
 	if res.StatusCode == http.StatusNotFound {
 		return nil, fmt.Errorf("Jaeger has no trace %s (yet)", traceID)
 	}

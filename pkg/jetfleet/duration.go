@@ -36,12 +36,12 @@ func (d *Duration) UnmarshalJSON(data []byte) error {
 	var s string
 	if err := json.Unmarshal(data, &s); err != nil {
 		*d = invalidDuration
-		return nil
+		return nil //nolint:nilerr // reported by validation, naming the field (see invalidDuration)
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil {
 		*d = invalidDuration
-		return nil
+		return nil //nolint:nilerr // reported by validation, naming the field (see invalidDuration)
 	}
 	*d = Duration(v)
 	return nil

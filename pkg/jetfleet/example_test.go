@@ -42,7 +42,7 @@ func Example() {
 	if err := a.Start(ctx); err != nil {
 		panic(err)
 	}
-	defer a.Stop(ctx)
+	defer func() { _ = a.Stop(ctx) }()
 
 	// The client side: enqueue one job and wait until it has run.
 	client := jetfleet.NewClient(nc)
@@ -214,7 +214,7 @@ func ExampleClient_ReplayDeadLetters() {
 	if err := a.Start(ctx); err != nil {
 		panic(err)
 	}
-	defer a.Stop(ctx)
+	defer func() { _ = a.Stop(ctx) }()
 
 	client := jetfleet.NewClient(nc)
 	res, err := client.Enqueue(ctx, Charge{Cents: 500})
@@ -280,7 +280,7 @@ func Example_progress() {
 	if err := a.Start(ctx); err != nil {
 		panic(err)
 	}
-	defer a.Stop(ctx)
+	defer func() { _ = a.Stop(ctx) }()
 
 	client := jetfleet.NewClient(nc)
 	res, err := client.Enqueue(ctx, Resize{Images: 10})

@@ -239,8 +239,6 @@ func (c *Client) Wait(ctx context.Context, id string, opts ...WaitOption) (*JobI
 	}
 }
 
-func isNotFound(err error) bool { return protocol.IsCode(err, protocol.CodeNotFound) }
-
 // eventsStream is the EVENTS stream, looked up once.
 func (c *Client) eventsStream(ctx context.Context) (jetstream.Stream, error) {
 	return c.stream(ctx, &c.events, protocol.StreamEvents)

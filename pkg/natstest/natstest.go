@@ -211,7 +211,7 @@ func freePort(t testing.TB) int {
 	if err != nil {
 		t.Fatalf("natstest: free port: %v", err)
 	}
-	defer l.Close()
+	defer func() { _ = l.Close() }() // only its port was wanted
 	return l.Addr().(*net.TCPAddr).Port
 }
 

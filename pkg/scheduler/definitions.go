@@ -46,7 +46,7 @@ func (s *Scheduler) info(ctx context.Context, def *jetfleet.Schedule, rev uint64
 	}
 	c, err := compile(def)
 	if err != nil || c.kind != kindTime || c.paused {
-		return info, nil
+		return info, nil //nolint:nilerr // a definition that does not compile is listed without next fires
 	}
 	t := max(rt.lastNominal, c.effectiveFrom)
 	for range 3 {

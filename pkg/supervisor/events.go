@@ -171,20 +171,20 @@ func (s *Supervisor) rewindEvents(ctx context.Context, seq uint64, at time.Time)
 func (s *Supervisor) handleEvent(ctx context.Context, m jetstream.Msg) error {
 	meta, err := m.Metadata()
 	if err != nil {
-		return nil
+		return nil //nolint:nilerr // not a JetStream message: skipped, never retried
 	}
 	subject, _ := protocol.ParseEventSubject(m.Subject())
 	switch {
 	case subject.Of == "job":
 		var ev jetfleetpb.JobEvent
 		if err := protocol.Unmarshal(m.Data(), &ev); err != nil {
-			return nil
+			return nil //nolint:nilerr // an undecodable event is skipped, never retried
 		}
 		return s.handleJobEvent(ctx, &ev, meta.Sequence.Stream)
 	case subject.Of == "schedule" && subject.Type == protocol.EventFired:
 		var ev jetfleetpb.ScheduleEvent
 		if err := protocol.Unmarshal(m.Data(), &ev); err != nil {
-			return nil
+			return nil //nolint:nilerr // an undecodable event is skipped, never retried
 		}
 		s.checkSchedulingDelay(ctx, &ev)
 	}

@@ -80,7 +80,7 @@ func (s *Supervisor) listDelayed(ctx context.Context, req jetfleet.JobListReques
 		msgs, err := protocol.DirectGetBatch(ctx, s.nc, protocol.StreamDelayed,
 			protocol.DirectGetRequest{Seq: seq, NextBySubject: protocol.DelayedFilter(req.Queue, req.Kind), Batch: 256})
 		if err != nil {
-			return res, nil // no DELAYED stream (an older topology): nothing delayed there
+			return res, nil //nolint:nilerr // no DELAYED stream (an older topology): nothing delayed there
 		}
 		for _, m := range msgs {
 			seq = m.Sequence + 1

@@ -93,7 +93,7 @@ func TestHTTPServerEndpoints(t *testing.T) {
 	get := func(path string) (int, string) {
 		resp, err := http.Get(base + path)
 		require.NoError(t, err)
-		defer resp.Body.Close()
+		defer func() { _ = resp.Body.Close() }()
 		body, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(body)
 	}

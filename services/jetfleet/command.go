@@ -278,8 +278,6 @@ func (inv *invocation) print(v any, table func(w io.Writer) error) error {
 	return table(inv.out)
 }
 
-func (inv *invocation) json() bool { return inv.format == "json" }
-
 // orList writes "a, b or c".
 func orList(items []string) string {
 	if len(items) <= 1 {

@@ -144,7 +144,7 @@ func (h *Handler) Run(ctx context.Context, job *agent.Job) error {
 		if err != nil {
 			return fmt.Errorf("exec: working directory: %w", err)
 		}
-		defer os.RemoveAll(tmp)
+		defer func() { _ = os.RemoveAll(tmp) }() // a temporary directory left behind does not fail the job
 		dir = tmp
 	}
 	out := job.Output()
@@ -154,8 +154,8 @@ func (h *Handler) Run(ctx context.Context, job *agent.Job) error {
 	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
-		stdinR.Close()
-		stdinW.Close()
+		_ = stdinR.Close() // the pipe's creation error is the one returned
+		_ = stdinW.Close()
 		return fmt.Errorf("exec: output pipe: %w", err)
 	}
 	// The result file lives in a directory of its own, not in a configured
@@ -209,7 +209,7 @@ func (h *Handler) Run(ctx context.Context, job *agent.Job) error {
 			stopCause = context.Cause(ctx)
 			termSent = time.Now()
 			why := stopCause.Error()
-			if stopCause == context.DeadlineExceeded {
+			if errors.Is(stopCause, context.DeadlineExceeded) {
 				why = "the attempt timed out"
 			}
 			fmt.Fprintf(out, "\n[jetfleet: %s; SIGTERM sent to the process group", why)

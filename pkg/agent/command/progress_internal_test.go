@@ -25,7 +25,7 @@ func TestProgressLines(t *testing.T) {
 		"::progress 1.5 too far\n" +
 		"  ::progress 0.1 not at the start\n" +
 		"::prog\n" +
-		"::progresss 0.2 another word\n" +
+		"::progresss 0.2 another word\n" + //nolint:misspell // a near miss of ::progress on purpose
 		long +
 		"\n" +
 		"::progress 0.9 last, without a newline"
@@ -34,7 +34,7 @@ func TestProgressLines(t *testing.T) {
 		"::progress 1.5 too far\n" +
 		"  ::progress 0.1 not at the start\n" +
 		"::prog\n" +
-		"::progresss 0.2 another word\n" +
+		"::progresss 0.2 another word\n" + //nolint:misspell // a near miss of ::progress on purpose
 		long +
 		"\n"
 	wantReports := []progressReport{{0.5, "half way"}, {1, ""}, {0.9, "last, without a newline"}}
