@@ -37,7 +37,7 @@ func TestRecordResult(t *testing.T) {
 	assert.Equal(t, `{"rows":42}`, string(ev.GetResult()))
 	assert.ErrorIs(t, <-refused, agent.ErrResultTooLarge)
 	fleettest.Publish(t, f.js, protocol.Job{ID: "count-2", Queue: "default", Kind: "count", Payload: []byte("fail")})
-	<-refused
+	assert.ErrorIs(t, <-refused, agent.ErrResultTooLarge)
 	dead := f.events.WaitFor(t, 10*time.Second, "count-2", protocol.EventDead)
 	assert.Empty(t, dead.GetResult(), "only a succeeded event carries the result")
 	assert.ErrorIs(t, agent.RecordResult(context.Background(), json.RawMessage(`{"a":`)), agent.ErrInvalidResult)

@@ -344,7 +344,7 @@ func ExampleClient_SetLimit() {
 	if err := a.Start(ctx); err != nil {
 		panic(err)
 	}
-	defer a.Stop(ctx)
+	defer func() { _ = a.Stop(ctx) }()
 
 	var ids []string
 	for i := range 6 {
@@ -400,7 +400,7 @@ func Example_result() {
 	if err := a.Start(ctx); err != nil {
 		panic(err)
 	}
-	defer a.Stop(ctx)
+	defer func() { _ = a.Stop(ctx) }()
 
 	client := jetfleet.NewClient(nc)
 	res, err := client.Enqueue(ctx, CountRows{Table: "orders"})

@@ -165,7 +165,7 @@ func (h *Handler) Run(ctx context.Context, job *agent.Job) error {
 		closeAll(stdinR, stdinW, outR, outW)
 		return fmt.Errorf("exec: result directory: %w", err)
 	}
-	defer os.RemoveAll(resultDir)
+	defer func() { _ = os.RemoveAll(resultDir) }()
 	resultFile := filepath.Join(resultDir, "result.json")
 	cmd := h.command(ctx, job, dir)
 	cmd.Env = append(cmd.Env, EnvResult+"="+resultFile)
@@ -264,7 +264,7 @@ func recordResultFile(ctx context.Context, path string) error {
 	if err != nil {
 		return fmt.Errorf("exec: read $%s: %w", EnvResult, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	data, err := io.ReadAll(io.LimitReader(f, agent.MaxResult+1))
 	if err != nil {
 		return fmt.Errorf("exec: read $%s: %w", EnvResult, err)
