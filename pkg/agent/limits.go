@@ -42,6 +42,11 @@ type fleetLimits struct {
 	agentID string
 	logger  *slog.Logger
 
+	// slotsMu serialises a renewal pass and a release: a release that read
+	// a slot's revision while a renewal replaced it would miss, and the slot
+	// would stay taken until its TTL.
+	slotsMu sync.Mutex
+
 	mu      sync.Mutex
 	defs    map[string]limitDef      // by queue.kind
 	taken   map[string]map[int]bool  // the kind's slots taken across the fleet
@@ -264,6 +269,8 @@ func (l *fleetLimits) takeSlot(ctx context.Context, queue, kind string, n int, j
 
 // releaseSlot deletes a slot this agent holds, unless it was lost.
 func (l *fleetLimits) releaseSlot(key string) {
+	l.slotsMu.Lock()
+	defer l.slotsMu.Unlock()
 	l.mu.Lock()
 	rev, ok := l.held[key]
 	delete(l.held, key)
@@ -290,15 +297,22 @@ func (l *fleetLimits) renewLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		l.mu.Lock()
-		held := make(map[string]uint64, len(l.held))
-		for k, rev := range l.held {
-			held[k] = rev
-		}
-		l.mu.Unlock()
-		for key, rev := range held {
-			l.renew(ctx, key, rev)
-		}
+		l.renewAll(ctx)
+	}
+}
+
+// renewAll renews every slot this agent holds, one after the other.
+func (l *fleetLimits) renewAll(ctx context.Context) {
+	l.slotsMu.Lock()
+	defer l.slotsMu.Unlock()
+	l.mu.Lock()
+	held := make(map[string]uint64, len(l.held))
+	for k, rev := range l.held {
+		held[k] = rev
+	}
+	l.mu.Unlock()
+	for key, rev := range held {
+		l.renew(ctx, key, rev)
 	}
 }
 

@@ -21,11 +21,7 @@ import (
 
 // fleetStreams are the streams of a jetfleet topology, key-value buckets
 // included; the supervisor adds its own.
-var fleetStreams = []string{
-	protocol.StreamDelayed, protocol.StreamJobs, protocol.StreamDLQ, protocol.StreamEvents, protocol.StreamAdvisories,
-	"KV_" + protocol.BucketSchedules, "KV_" + protocol.BucketScheduleState, "KV_" + protocol.BucketLeases, "KV_" + protocol.BucketAgents,
-	"KV_" + protocol.BucketCancels,
-}
+var fleetStreams = topology.StreamNames()
 
 // errNeedsOwnServer is returned by open for a scenario that runs a
 // scheduler or supervisor against a server that already holds a fleet.

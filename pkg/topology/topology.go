@@ -152,6 +152,19 @@ func buckets(c Config) []bucketSpec {
 	}
 }
 
+// StreamNames are the names of every stream Ensure provisions, the
+// key-value buckets' streams (KV_<bucket>) included.
+func StreamNames() []string {
+	var names []string
+	for _, sc := range Streams(Config{}) {
+		names = append(names, sc.Name)
+	}
+	for _, b := range buckets(Config{}) {
+		names = append(names, "KV_"+b.cfg.Bucket)
+	}
+	return names
+}
+
 // limitsBucket lets the limits bucket's keys carry their own TTL (a
 // concurrency slot expires unless its holder renews it).
 func limitsBucket(cfg jetstream.KeyValueConfig) jetstream.KeyValueConfig {

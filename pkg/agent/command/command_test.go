@@ -371,7 +371,7 @@ func TestEnvironmentHasJobMetadataAndNoAgentSecrets(t *testing.T) {
 	assert.Equal(t, command.DefaultPath, env["PATH"])
 
 	want := []string{"CONFIGURED", "INHERITED_VAR", "PATH", helperEnv, command.EnvAttempt, command.EnvDeadline, command.EnvJobID,
-		command.EnvIdempotencyKey, command.EnvAttemptKey, command.EnvKind, command.EnvMaxAttempts, command.EnvNominalTime, command.EnvQueue, command.EnvScheduleID, command.EnvTraceParent}
+		command.EnvIdempotencyKey, command.EnvAttemptKey, command.EnvKind, command.EnvMaxAttempts, command.EnvNominalTime, command.EnvQueue, command.EnvScheduleID, command.EnvTraceParent, command.EnvResult}
 	var keys []string
 	for k := range env {
 		keys = append(keys, k)
