@@ -32,10 +32,10 @@ var durabilitySettings = []durabilitySetting{
 		target: &Target{AtLeast: true, Value: 0.8}},
 }
 
-// syncedPerJob is the time a phase on a synced setting allows per job: a
-// floor of 100 jobs/s beyond the phase's first minute, where unsynced
-// phases allow 2 ms (500 jobs/s), which a loaded machine's disk can fall
-// below when it syncs every write.
+// syncedPerJob is the time a phase on a synced setting allows per job
+// beyond its first minute (a floor of 100 jobs/s). phaseTimeout's 2 ms
+// (500 jobs/s) is more than one server syncing every write reaches on a
+// loaded machine: at 50,000 jobs a phase ran out of it.
 const syncedPerJob = 10 * time.Millisecond
 
 func (s durabilitySetting) figure(name, label, unit string, target *Target) figureSpec {
