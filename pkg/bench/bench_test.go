@@ -32,16 +32,27 @@ var figures = map[string][]string{
 		"end_to_end_ratio_raw_event"},
 	bench.ScenarioLatency: {"offered_rate", "enqueue_to_start_p50", "enqueue_to_start_p90", "enqueue_to_start_p99",
 		"enqueue_to_start_max"},
-	bench.ScenarioSchedules: {"load_time", "fire_delay_p50", "fire_delay_p99", "fire_delay_max", "heap_per_idle_schedule"},
-	bench.ScenarioRescue:    {"rescue_running", "rescue_complete"},
-	bench.ScenarioFailover:  {"failover_next_fire"},
-	bench.ScenarioDurability: {"enqueue_rate_default_sync", "enqueue_rate_sync_always", "enqueue_ratio_always_default",
-		"end_to_end_rate_default_sync", "end_to_end_rate_sync_always", "end_to_end_ratio_always_default"},
+	bench.ScenarioSchedules:  {"load_time", "fire_delay_p50", "fire_delay_p99", "fire_delay_max", "heap_per_idle_schedule"},
+	bench.ScenarioRescue:     {"rescue_running", "rescue_complete"},
+	bench.ScenarioFailover:   {"failover_next_fire"},
+	bench.ScenarioDurability: durabilityFigures(),
 	bench.ScenarioDelayed: {"delayed_store_rate", "server_rss_per_delayed_job", "server_peak_rss", "fleet_heap_none_delayed", "fleet_heap_d_delayed",
 		"peak_rss", "due_to_start_p50", "due_to_start_p99", "due_to_start_max", "plain_burst_enqueue_to_start_p50",
 		"plain_burst_enqueue_to_start_p99"},
 	bench.ScenarioPriority: {"high_enqueue_to_start_p50_backlog", "high_enqueue_to_start_p99_backlog", "high_enqueue_to_start_p50_idle",
 		"high_enqueue_to_start_p99_idle", "low_drain_rate"},
+}
+
+// durabilityFigures are the durability scenario's figures: four for each
+// setting, and ratios across them.
+func durabilityFigures() []string {
+	out := []string{"enqueue_ratio_always_default", "end_to_end_ratio_always_default", "end_to_end_ratio_r3_always_default"}
+	for _, setting := range []string{"default_sync", "sync_always", "r3_sync_always"} {
+		for _, name := range []string{"enqueue_rate", "end_to_end_rate_raw", "end_to_end_rate", "end_to_end_ratio"} {
+			out = append(out, name+"_"+setting)
+		}
+	}
+	return out
 }
 
 // TestSmoke runs every scenario once at the smoke's sizes, as CI does, and

@@ -35,6 +35,10 @@ var errNeedsEmbedded = errors.New("needs the embedded server: sync_interval is a
 type serverOptions struct {
 	// syncAlways starts the embedded server with sync_interval: always.
 	syncAlways bool
+	// nodes > 1 runs an in-process cluster of that many embedded servers
+	// on loopback instead of one, and provisions the topology with as many
+	// replicas.
+	nodes int
 	// ownFleet: the run starts a scheduler or supervisor.
 	ownFleet bool
 	// embeddedOnly: the run needs the embedded server.
@@ -53,6 +57,8 @@ type runServer struct {
 	b   *bencher
 	url string
 	srv *server.Server // embedded; nil on a given server
+	// cluster is the embedded cluster (nodes > 1).
+	cluster *cluster
 	// child is the embedded server in a child process (childServer).
 	child *childServer
 	dir   string
@@ -81,12 +87,19 @@ func (b *bencher) open(ctx context.Context, opts serverOptions) (_ *runServer, e
 		if rs.dir, err = os.MkdirTemp("", "jetfleet-bench-"); err != nil {
 			return nil, err
 		}
-		if opts.childServer {
+		switch {
+		case opts.nodes > 1:
+			if rs.cluster, err = startCluster(ctx, rs.dir, opts.nodes, opts.syncAlways); err != nil {
+				return nil, err
+			}
+			rs.url = rs.cluster.url()
+			rs.topo.Replicas = opts.nodes
+		case opts.childServer:
 			if rs.child, err = startChildServer(ctx, rs.dir); err != nil {
 				return nil, err
 			}
 			rs.url = rs.child.url
-		} else {
+		default:
 			if rs.srv, err = embedded.Start(embedded.Options{Port: -1, StoreDir: rs.dir, SyncAlways: opts.syncAlways}); err != nil {
 				return nil, err
 			}
@@ -181,7 +194,7 @@ func (rs *runServer) queue(name string) string {
 func (rs *runServer) close(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	if rs.srv == nil && rs.child == nil && rs.url != "" {
+	if rs.srv == nil && rs.child == nil && rs.cluster == nil && rs.url != "" {
 		if err := rs.cleanGiven(ctx); err != nil {
 			rs.b.progress("cleanup on %s: %v", rs.url, err)
 		}
@@ -199,6 +212,9 @@ func (rs *runServer) close(ctx context.Context) {
 	}
 	if rs.child != nil {
 		rs.child.stop()
+	}
+	if rs.cluster != nil {
+		rs.cluster.stop()
 	}
 	if rs.dir != "" {
 		_ = os.RemoveAll(rs.dir)

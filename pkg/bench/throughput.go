@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -13,7 +12,6 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/agent"
 	"github.com/jetfleet/jetfleet/pkg/bench/workload"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
-	"github.com/jetfleet/jetfleet/pkg/topology"
 )
 
 // Figures of the throughput scenario.
@@ -129,26 +127,43 @@ func (b *bencher) throughput(ctx context.Context, run int) error {
 // line sits at the same mean position, and a drift that is linear in time
 // cancels out of the ratios.
 func (tp *throughputRun) endToEnd(ctx context.Context) (raw, rawEvent, jetfleet float64, err error) {
-	type line struct {
-		name  string
-		rate  func() (float64, error)
-		rates []float64
-	}
-	lines := []*line{
+	rates, err := mirrored([]rateLine{
 		{name: "raw", rate: func() (float64, error) { return tp.rawRate(ctx, tp.rs.queue("raw"), true, false) }},
 		{name: "raw + event", rate: func() (float64, error) { return tp.rawRate(ctx, tp.rs.queue("rawev"), true, true) }},
 		{name: "jetfleet", rate: func() (float64, error) { return tp.agentRate(ctx, tp.rs.queue("jobs"), true) }},
+	})
+	if err != nil {
+		return 0, 0, 0, err
 	}
-	mirrored := append(slices.Clone(lines), lines[2], lines[1], lines[0])
-	for _, l := range mirrored {
-		r, err := l.rate()
+	return rates[0], rates[1], rates[2], nil
+}
+
+// rateLine is one line of a mirrored measurement: a phase that returns a
+// rate, run twice.
+type rateLine struct {
+	name string
+	rate func() (float64, error)
+}
+
+// mirrored runs the lines in order, then in reverse, and returns each
+// line's mean rate, in the lines' order (see endToEnd for why).
+func mirrored(lines []rateLine) ([]float64, error) {
+	means := make([]float64, len(lines))
+	order := make([]int, 0, 2*len(lines))
+	for i := range lines {
+		order = append(order, i)
+	}
+	for i := range lines {
+		order = append(order, len(lines)-1-i)
+	}
+	for _, i := range order {
+		r, err := lines[i].rate()
 		if err != nil {
-			return 0, 0, 0, fmt.Errorf("%s end to end: %w", l.name, err)
+			return nil, fmt.Errorf("%s end to end: %w", lines[i].name, err)
 		}
-		l.rates = append(l.rates, r)
+		means[i] += r / 2
 	}
-	mean := func(l *line) float64 { return (l.rates[0] + l.rates[1]) / 2 }
-	return mean(lines[0]), mean(lines[1]), mean(lines[2]), nil
+	return means, nil
 }
 
 // throughputRun holds what the phases of one throughput run share.
@@ -159,6 +174,17 @@ type throughputRun struct {
 	payload  []byte
 	producer *nats.Conn // publishes every job
 	observer *nats.Conn // counts events
+	// perJob is the time a phase allows per job beyond its first minute.
+	// Defaults to phaseTimeout's (2 ms).
+	perJob time.Duration
+}
+
+// timeout bounds one phase of the run.
+func (tp *throughputRun) timeout() time.Duration {
+	if tp.perJob > 0 {
+		return time.Minute + time.Duration(tp.n)*tp.perJob
+	}
+	return phaseTimeout(tp.n)
 }
 
 func (tp *throughputRun) setup() error {
@@ -195,7 +221,7 @@ func (tp *throughputRun) jobMsg(queue string) func(i int) *nats.Msg {
 
 // enqueue times publishing n messages and waiting for their acks.
 func (tp *throughputRun) enqueue(ctx context.Context, what string, msg func(int) *nats.Msg) (float64, error) {
-	ctx, cancel := context.WithTimeout(ctx, phaseTimeout(tp.n))
+	ctx, cancel := context.WithTimeout(ctx, tp.timeout())
 	defer cancel()
 	runtime.GC()
 	start := time.Now()
@@ -225,7 +251,7 @@ func (tp *throughputRun) purge(ctx context.Context, queue string) error {
 // storing an event for each): a drain of the jobs already in it, or, with
 // produce, jobs published once the consumers wait for them.
 func (tp *throughputRun) rawRate(ctx context.Context, queue string, produce, withEvent bool) (float64, error) {
-	ctx, cancel := context.WithTimeout(ctx, phaseTimeout(tp.n))
+	ctx, cancel := context.WithTimeout(ctx, tp.timeout())
 	defer cancel()
 	js, err := newJetStream(tp.producer)
 	if err != nil {
@@ -269,7 +295,7 @@ func (tp *throughputRun) rawRate(ctx context.Context, queue string, produce, wit
 // raw baseline. (Counting succeeded events instead would add a delivery per
 // job to the server's work, which the baseline does not have.)
 func (tp *throughputRun) agentRate(ctx context.Context, queue string, produce bool) (float64, error) {
-	ctx, cancel := context.WithTimeout(ctx, phaseTimeout(tp.n))
+	ctx, cancel := context.WithTimeout(ctx, tp.timeout())
 	defer cancel()
 	handled := &counter{n: int64(tp.n), done: make(chan struct{})}
 	fleet, err := newAgents(tp.rs, "agent", queue, kindNoop, tp.b.cfg.Agents, tp.b.cfg.Concurrency,
@@ -315,45 +341,3 @@ func (tp *throughputRun) agentRate(ctx context.Context, queue string, produce bo
 }
 
 func rate(n int, d time.Duration) float64 { return float64(n) / d.Seconds() }
-
-// durability figures: the default sync interval against sync_interval: always.
-var (
-	figDurEnqDefault = figureSpec{name: "enqueue_rate_default_sync", label: "enqueue, default sync interval", unit: UnitRate}
-	figDurEnqAlways  = figureSpec{name: "enqueue_rate_sync_always", label: "enqueue, sync_interval always", unit: UnitRate}
-	figDurEnqRatio   = figureSpec{name: "enqueue_ratio_always_default", label: "enqueue, always / default", unit: UnitRatio}
-	figDurE2EDefault = figureSpec{name: "end_to_end_rate_default_sync", label: "end to end, default sync interval", unit: UnitRate}
-	figDurE2EAlways  = figureSpec{name: "end_to_end_rate_sync_always", label: "end to end, sync_interval always", unit: UnitRate}
-	figDurE2ERatio   = figureSpec{name: "end_to_end_ratio_always_default", label: "end to end, always / default", unit: UnitRatio}
-)
-
-// durability measures one run of the enqueue and end-to-end rates of
-// jetfleet on an embedded server with the file store's default sync
-// interval and on one with sync_interval: always.
-func (b *bencher) durability(ctx context.Context, run int) error {
-	var enq, e2e [2]float64
-	for i, always := range []bool{false, true} {
-		rs, err := b.open(ctx, serverOptions{syncAlways: always, embeddedOnly: true, topology: topology.Config{}})
-		if err != nil {
-			return err
-		}
-		tp := &throughputRun{b: b, rs: rs, n: b.cfg.DurabilityJobs, payload: workload.Payload(b.cfg.PayloadSize)}
-		if err = tp.setup(); err == nil {
-			if enq[i], err = tp.enqueue(ctx, "jetfleet", tp.jobMsg(rs.queue("jobs"))); err == nil {
-				e2e[i], err = tp.agentRate(ctx, rs.queue("jobs"), true)
-			}
-		}
-		rs.close(ctx)
-		if err != nil {
-			return fmt.Errorf("sync always %t: %w", always, err)
-		}
-	}
-	b.record(ScenarioDurability, figDurEnqDefault, enq[0])
-	b.record(ScenarioDurability, figDurEnqAlways, enq[1])
-	b.record(ScenarioDurability, figDurEnqRatio, enq[1]/enq[0])
-	b.record(ScenarioDurability, figDurE2EDefault, e2e[0])
-	b.record(ScenarioDurability, figDurE2EAlways, e2e[1])
-	b.record(ScenarioDurability, figDurE2ERatio, e2e[1]/e2e[0])
-	b.progress("durability run %d: end to end %s jobs/s with the default sync interval, %s with sync always", run,
-		formatValue(e2e[0], UnitRate), formatValue(e2e[1], UnitRate))
-	return nil
-}

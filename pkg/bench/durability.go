@@ -1,0 +1,112 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jetfleet/jetfleet/pkg/bench/workload"
+)
+
+// durabilitySetting is a server setting the durability scenario measures
+// jetfleet and raw JetStream on.
+type durabilitySetting struct {
+	// key ends the names of the setting's figures.
+	key   string
+	label string
+	opts  serverOptions
+	// target of jetfleet's end-to-end rate over raw JetStream's (issue 22).
+	target *Target
+}
+
+// durabilitySettings are the settings production chooses between: the
+// file store's default sync interval (2 minutes), every write synced on a
+// single server, and every write synced on a 3-node cluster with R3
+// streams, where nats-server (2.15) syncs each write to the Raft log and
+// the stream's store only on flush.
+var durabilitySettings = []durabilitySetting{
+	{key: "default_sync", label: "default sync interval", opts: serverOptions{embeddedOnly: true}},
+	{key: "sync_always", label: "sync_interval always", opts: serverOptions{embeddedOnly: true, syncAlways: true},
+		target: &Target{AtLeast: true, Value: 0.9}},
+	{key: "r3_sync_always", label: "3 nodes R3, sync_interval always", opts: serverOptions{embeddedOnly: true, syncAlways: true, nodes: 3},
+		target: &Target{AtLeast: true, Value: 0.8}},
+}
+
+// syncedPerJob is the time a phase on a synced setting allows per job
+// beyond its first minute (a floor of 100 jobs/s). phaseTimeout's 2 ms
+// (500 jobs/s) is more than one server syncing every write reaches on a
+// loaded machine: at 50,000 jobs a phase ran out of it.
+const syncedPerJob = 10 * time.Millisecond
+
+func (s durabilitySetting) figure(name, label, unit string, target *Target) figureSpec {
+	return figureSpec{name: name + "_" + s.key, label: label + ", " + s.label, unit: unit, target: target}
+}
+
+// Figures across settings.
+var (
+	figDurEnqRatio = figureSpec{name: "enqueue_ratio_always_default", label: "enqueue, sync always / default, jetfleet", unit: UnitRatio}
+	figDurE2ERatio = figureSpec{name: "end_to_end_ratio_always_default", label: "end to end, sync always / default, jetfleet",
+		unit: UnitRatio}
+	figDurE2ER3Ratio = figureSpec{name: "end_to_end_ratio_r3_always_default",
+		label: "end to end, 3 nodes R3 sync always / default, jetfleet", unit: UnitRatio}
+)
+
+// durability measures one run, for each setting on servers of its own:
+// jetfleet's enqueue rate, then the end-to-end rates of raw JetStream
+// (DoubleAck, as in throughput) and of jetfleet agents, mirrored (raw,
+// jetfleet, jetfleet, raw), and their ratio.
+func (b *bencher) durability(ctx context.Context, run int) error {
+	enq := make([]float64, len(durabilitySettings))
+	e2e := make([]float64, len(durabilitySettings))
+	for i, s := range durabilitySettings {
+		var raw float64
+		var err error
+		enq[i], raw, e2e[i], err = b.durabilityRun(ctx, s)
+		if err != nil {
+			return fmt.Errorf("%s: %w", s.label, err)
+		}
+		b.record(ScenarioDurability, s.figure("enqueue_rate", "enqueue", UnitRate, nil), enq[i])
+		b.record(ScenarioDurability, s.figure("end_to_end_rate_raw", "end to end, raw", UnitRate, nil), raw)
+		b.record(ScenarioDurability, s.figure("end_to_end_rate", "end to end, jetfleet", UnitRate, nil), e2e[i])
+		b.record(ScenarioDurability, s.figure("end_to_end_ratio", "end to end, jetfleet / raw", UnitRatio, s.target), e2e[i]/raw)
+		b.progress("durability run %d, %s: end to end %s jobs/s, raw %s jobs/s (%.2f×)", run, s.label,
+			formatValue(e2e[i], UnitRate), formatValue(raw, UnitRate), e2e[i]/raw)
+	}
+	b.record(ScenarioDurability, figDurEnqRatio, enq[1]/enq[0])
+	b.record(ScenarioDurability, figDurE2ERatio, e2e[1]/e2e[0])
+	b.record(ScenarioDurability, figDurE2ER3Ratio, e2e[2]/e2e[0])
+	return nil
+}
+
+// durabilityRun runs the phases of one setting on a server (or cluster)
+// of its own: jetfleet's enqueue rate, and raw JetStream's and jetfleet's
+// end-to-end rates.
+func (b *bencher) durabilityRun(ctx context.Context, s durabilitySetting) (enq, raw, jetfleet float64, err error) {
+	rs, err := b.open(ctx, s.opts)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	defer rs.close(ctx)
+	tp := &throughputRun{b: b, rs: rs, n: b.cfg.DurabilityJobs, payload: workload.Payload(b.cfg.PayloadSize)}
+	if s.opts.syncAlways {
+		tp.perJob = syncedPerJob
+	}
+	if err := tp.setup(); err != nil {
+		return 0, 0, 0, err
+	}
+	publishQ := rs.queue("publish")
+	if enq, err = tp.enqueue(ctx, "jetfleet", tp.jobMsg(publishQ)); err != nil {
+		return 0, 0, 0, err
+	}
+	if err := tp.purge(ctx, publishQ); err != nil { // nothing consumes them
+		return 0, 0, 0, err
+	}
+	rates, err := mirrored([]rateLine{
+		{name: "raw", rate: func() (float64, error) { return tp.rawRate(ctx, rs.queue("raw"), true, false) }},
+		{name: "jetfleet", rate: func() (float64, error) { return tp.agentRate(ctx, rs.queue("jobs"), true) }},
+	})
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	return enq, rates[0], rates[1], nil
+}
