@@ -40,6 +40,9 @@ const (
 	// running (JobCancel documents, key: the job token); agents check it
 	// before they run a job.
 	BucketCancels = "cancels"
+	// BucketUnique holds the claims of unique jobs and, per job that holds
+	// one, where it is (docs/protocol.md §2.4; unique.go).
+	BucketUnique = "unique"
 )
 
 // Subject roots and wildcards.

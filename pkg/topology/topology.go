@@ -148,7 +148,15 @@ func buckets(c Config) []bucketSpec {
 		{cfg: kv(protocol.BucketLeases, "jetfleet leader leases", 1, c.LeaseTTL), disposable: true},
 		{cfg: kv(protocol.BucketAgents, "jetfleet agent registry", 1, c.AgentTTL), disposable: true},
 		{cfg: kv(protocol.BucketCancels, "jetfleet cancels of jobs not running", 1, c.CancelTTL)},
+		{cfg: uniqueBucket(kv(protocol.BucketUnique, "jetfleet unique job keys", 1, 0))},
 	}
+}
+
+// uniqueBucket is bucket unique: no bucket TTL (each claim has its own),
+// markers that expire (per-key TTLs need them, server 2.11+).
+func uniqueBucket(cfg jetstream.KeyValueConfig) jetstream.KeyValueConfig {
+	cfg.LimitMarkerTTL = protocol.UniqueMarkerTTL
+	return cfg
 }
 
 // Ensure provisions every stream and bucket of c.

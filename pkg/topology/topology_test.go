@@ -69,6 +69,11 @@ func TestEnsureCreatesEverything(t *testing.T) {
 		_, err := js.KeyValue(ctx(t), b)
 		assert.NoError(t, err, b)
 	}
+	unique, err := js.KeyValue(ctx(t), protocol.BucketUnique)
+	require.NoError(t, err)
+	status, err := unique.Status(ctx(t))
+	require.NoError(t, err)
+	assert.Equal(t, protocol.UniqueMarkerTTL, status.LimitMarkerTTL(), "per-key TTLs need limit markers")
 	cons, err := js.Consumer(ctx(t), protocol.StreamJobs, "queue-default")
 	require.NoError(t, err)
 	cc := cons.CachedInfo().Config
