@@ -24,7 +24,7 @@ import (
 var fleetStreams = []string{
 	protocol.StreamDelayed, protocol.StreamJobs, protocol.StreamDLQ, protocol.StreamEvents, protocol.StreamAdvisories,
 	"KV_" + protocol.BucketSchedules, "KV_" + protocol.BucketScheduleState, "KV_" + protocol.BucketLeases, "KV_" + protocol.BucketAgents,
-	"KV_" + protocol.BucketCancels,
+	"KV_" + protocol.BucketCancels, "KV_" + protocol.BucketUnique,
 }
 
 // errNeedsOwnServer is returned by open for a scenario that runs a
