@@ -45,9 +45,9 @@ type Supervisor struct {
 	agentsKV, leases                  jetstream.KeyValue
 	// cancelsKV records the cancels of jobs (cancel.go).
 	cancelsKV jetstream.KeyValue
-	// uniqueKV holds the claims of unique jobs, released by the leader
-	// (unique.go).
-	uniqueKV jetstream.KeyValue
+	// unique holds bucket unique, looked up when the leader first releases
+	// a claim (unique.go).
+	unique uniqueBucket
 
 	// client calls the scheduler's API (pausing a failing schedule).
 	client  *jetfleet.Client
@@ -149,9 +149,6 @@ func (s *Supervisor) Start(ctx context.Context) error {
 	}
 	if s.cancelsKV, err = s.js.KeyValue(ctx, protocol.BucketCancels); err != nil {
 		return fail(fmt.Errorf("bucket %s: %w", protocol.BucketCancels, err))
-	}
-	if s.uniqueKV, err = s.js.KeyValue(ctx, protocol.BucketUnique); err != nil {
-		return fail(fmt.Errorf("bucket %s: %w", protocol.BucketUnique, err))
 	}
 	if err := s.provision(ctx); err != nil {
 		return fail(err)

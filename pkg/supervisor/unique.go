@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -21,15 +22,38 @@ import (
 // reading what the last one did not ack) changes nothing twice. A step
 // that fails fails the event, which is read again.
 
+// uniqueBucket is bucket unique, looked up on first use.
+type uniqueBucket struct {
+	mu sync.Mutex
+	kv jetstream.KeyValue
+}
+
+func (s *Supervisor) uniqueKV(ctx context.Context) (jetstream.KeyValue, error) {
+	s.unique.mu.Lock()
+	defer s.unique.mu.Unlock()
+	if s.unique.kv == nil {
+		kv, err := s.js.KeyValue(ctx, protocol.BucketUnique)
+		if err != nil {
+			return nil, fmt.Errorf("bucket %s: %w", protocol.BucketUnique, err)
+		}
+		s.unique.kv = kv
+	}
+	return s.unique.kv, nil
+}
+
 // releaseUnique releases the unique claim of the job whose run ev ends.
 func (s *Supervisor) releaseUnique(ctx context.Context, ev *jetfleetpb.JobEvent) error {
-	if s.uniqueKV == nil || ev.GetJobId() == "" {
+	if ev.GetJobId() == "" {
 		return nil
 	}
 	rctx, cancel := s.requestCtx(ctx)
 	defer cancel()
+	kv, err := s.uniqueKV(rctx)
+	if err != nil {
+		return err
+	}
 	jobKey := protocol.UniqueJobKey(ev.GetJobId())
-	e, err := s.uniqueKV.Get(rctx, jobKey)
+	e, err := kv.Get(rctx, jobKey)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil // holds no claim (the usual case), or released already
 	}
@@ -41,14 +65,14 @@ func (s *Supervisor) releaseUnique(ctx context.Context, ev *jetfleetpb.JobEvent)
 	if err != nil {
 		log.Warn("unreadable unique hold dropped; its claim ends with its TTL", telemetry.LogError, err)
 	} else if protocol.UniqueReleasedBy(hold.Until, ev.GetType()) {
-		if err := s.releaseClaim(rctx, hold.Key, ev.GetJobId()); err != nil {
+		if err := releaseClaim(rctx, kv, hold.Key, ev.GetJobId()); err != nil {
 			return err
 		}
 		log.Info("released a unique key", "unique_key", hold.Key, "until", hold.Until, "event", ev.GetType())
 	}
 	// The run is over: the hold has served (a period claim that stays ends
 	// with its TTL).
-	err = s.uniqueKV.Purge(rctx, jobKey, jetstream.LastRevision(e.Revision()), jetstream.PurgeTTL(protocol.UniqueMarkerTTL))
+	err = kv.Purge(rctx, jobKey, jetstream.LastRevision(e.Revision()), jetstream.PurgeTTL(protocol.UniqueMarkerTTL))
 	if err != nil && !errors.Is(err, jetstream.ErrKeyExists) && !isWrongRevision(err) {
 		return fmt.Errorf("drop the unique hold of job %s: %w", ev.GetJobId(), err)
 	}
@@ -56,8 +80,8 @@ func (s *Supervisor) releaseUnique(ctx context.Context, ev *jetfleetpb.JobEvent)
 }
 
 // releaseClaim purges the claim key while jobID holds it.
-func (s *Supervisor) releaseClaim(ctx context.Context, key, jobID string) error {
-	e, err := s.uniqueKV.Get(ctx, key)
+func releaseClaim(ctx context.Context, kv jetstream.KeyValue, key, jobID string) error {
+	e, err := kv.Get(ctx, key)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
 		return nil // expired, or released already
@@ -66,7 +90,7 @@ func (s *Supervisor) releaseClaim(ctx context.Context, key, jobID string) error 
 	case string(e.Value()) != jobID:
 		return nil // another job's since this one's expired
 	}
-	err = s.uniqueKV.Purge(ctx, key, jetstream.LastRevision(e.Revision()), jetstream.PurgeTTL(protocol.UniqueMarkerTTL))
+	err = kv.Purge(ctx, key, jetstream.LastRevision(e.Revision()), jetstream.PurgeTTL(protocol.UniqueMarkerTTL))
 	if err != nil && !isWrongRevision(err) {
 		return fmt.Errorf("release unique key %s of job %s: %w", key, jobID, err)
 	}
