@@ -24,6 +24,7 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/agent/agentservice"
 	"github.com/jetfleet/jetfleet/pkg/dashboard"
 	"github.com/jetfleet/jetfleet/pkg/embedded"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/lifecycle"
 	"github.com/jetfleet/jetfleet/pkg/scheduler"
 	"github.com/jetfleet/jetfleet/pkg/service"
@@ -156,6 +157,23 @@ func TestNATSPermissions(t *testing.T) {
 		if ev.AgentID != agentID {
 			t.Errorf("perm-1 ran on %q, want %q", ev.AgentID, agentID)
 		}
+	})
+
+	t.Run("client enqueues a unique job; the supervisor releases its key", func(t *testing.T) {
+		c := jetfleet.NewClient(client)
+		opts := []jetfleet.EnqueueOption{jetfleet.WithQueue("default"), jetfleet.WithUniqueUntilFinished("perm-unique")}
+		first, err := c.Enqueue(ctx, echoArgs{Hello: "unique"}, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		awaitSucceeded("unique job", func(ev jobEvent) bool { return ev.JobID == first.JobID })
+		eventually(t, 15*time.Second, 50*time.Millisecond, "the unique key released", func() error {
+			res, err := c.Enqueue(ctx, echoArgs{Hello: "unique"}, opts...)
+			if err == nil && res.Duplicate {
+				err = fmt.Errorf("still held by %s", res.JobID)
+			}
+			return err
+		})
 	})
 
 	t.Run("scheduler fires through the scheduler API", func(t *testing.T) {
@@ -800,3 +818,10 @@ func dashboardAction(c *http.Client, base, page, action, form string) error {
 	}
 	return nil
 }
+
+// echoArgs are the args of the demo kind echo.
+type echoArgs struct {
+	Hello string `json:"hello"`
+}
+
+func (echoArgs) Kind() string { return "echo" }

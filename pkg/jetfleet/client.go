@@ -26,6 +26,8 @@ type Client struct {
 	// events and delayed are the EVENTS and DELAYED streams, looked up on
 	// first use.
 	events, delayed jetstream.Stream
+	// unique is bucket unique, looked up on first use (unique.go).
+	unique jetstream.KeyValue
 }
 
 // ClientOption configures a Client.

@@ -25,6 +25,19 @@
 // §3.8), and SetLimit caps a kind across the whole fleet — at most N
 // running at once, at most R started per period (§2.4, ExampleClient_SetLimit).
 //
+// # Unique jobs
+//
+// WithUnique (WithUniqueFor, WithUniqueUntilFinished) makes a job unique
+// by a key among the jobs of its queue and kind, beyond the duplicate
+// window: for a period, or until the job finished. Enqueue claims the key
+// in bucket unique before it publishes the job; while another job holds
+// it, Enqueue stores nothing and returns that job's id with Duplicate set.
+// The supervisor leader releases a key when the job that holds it ends —
+// a dead-lettered or cancelled job always releases it, so a failure never
+// blocks the next job — and a failover of the supervisor keeps both the
+// claims and the releases (docs/protocol.md §2.5, with the one window a
+// crash can leave a key held until its TTL).
+//
 // Any program that speaks NATS can enqueue a job without this package: one
 // message on jobs.<queue>.<kind> (docs/protocol.md §2).
 //

@@ -109,6 +109,9 @@ type EnqueueResult struct {
 	Sequence uint64 `json:"sequence"`
 	// Duplicate is set when a job with the same id was stored within the
 	// duplicate window: nothing new was stored, Sequence is the first one's.
+	// It is also set when another job holds the job's unique key
+	// (WithUnique): nothing was stored, JobID is that job's id and
+	// Sequence is zero.
 	Duplicate bool `json:"duplicate,omitempty"`
 	// ProcessAt is set for a delayed job: it waits in DELAYED (Sequence is
 	// its sequence there) until then.
@@ -129,9 +132,22 @@ func (c *Client) Enqueue(ctx context.Context, args Args, opts ...EnqueueOption) 
 	if err != nil {
 		return nil, err
 	}
+	var claim *uniqueClaim
+	if job.Unique != nil {
+		var holder string
+		if claim, holder, err = c.claimUnique(ctx, job); err != nil {
+			endSpan(span, nil, err)
+			return nil, err
+		}
+		if holder != "" {
+			res := duplicateResult(job, holder, span)
+			return &res, nil
+		}
+	}
 	ack, err := c.js.PublishMsg(ctx, msg)
 	endSpan(span, ack, err)
 	if err != nil {
+		claim.releaseAfter(err)
 		return nil, enqueueError(job, err)
 	}
 	res := &EnqueueResult{JobID: job.ID, Queue: job.Queue, Kind: job.Kind, Sequence: ack.Sequence, Duplicate: ack.Duplicate}
@@ -161,10 +177,13 @@ type EnqueueParams struct {
 // returns one result per job, in order; a job that was not stored has Err
 // set and the others are stored. The error is for the call as a whole: ctx
 // ended before every answer arrived (the results say which were stored).
+// Unique keys (WithUnique) are claimed one job after the other, before the
+// job is published; a job whose key is held has Duplicate set.
 func (c *Client) EnqueueMany(ctx context.Context, params []EnqueueParams) ([]EnqueueResult, error) {
 	results := make([]EnqueueResult, len(params))
 	futures := make([]jetstream.PubAckFuture, len(params))
 	spans := make([]trace.Span, len(params))
+	claims := make([]*uniqueClaim, len(params))
 	for i, p := range params {
 		msg, job, span, err := c.jobMsg(ctx, p.Args, p.Options)
 		results[i] = EnqueueResult{JobID: job.ID, Queue: job.Queue, Kind: job.Kind}
@@ -172,10 +191,23 @@ func (c *Client) EnqueueMany(ctx context.Context, params []EnqueueParams) ([]Enq
 			results[i].Err = err
 			continue
 		}
+		if job.Unique != nil {
+			var holder string
+			if claims[i], holder, err = c.claimUnique(ctx, job); err != nil {
+				endSpan(span, nil, err)
+				results[i].Err = err
+				continue
+			}
+			if holder != "" {
+				results[i] = duplicateResult(job, holder, span)
+				continue
+			}
+		}
 		results[i].setProcessAt(msg, job)
 		spans[i] = span
 		if futures[i], err = c.js.PublishMsgAsync(msg); err != nil {
 			endSpan(span, nil, err)
+			claims[i].releaseAfter(err)
 			results[i].Err = enqueueError(job, err)
 		}
 	}
@@ -194,6 +226,7 @@ func (c *Client) EnqueueMany(ctx context.Context, params []EnqueueParams) ([]Enq
 		}
 		endSpan(spans[i], ack, err)
 		if err != nil {
+			claims[i].releaseAfter(err)
 			results[i].Err = enqueueError(&protocol.Job{ID: results[i].JobID, Queue: results[i].Queue, Kind: results[i].Kind}, err)
 			continue
 		}

@@ -60,6 +60,35 @@ func Example() {
 	// job succeeded on queue emails after 1 attempt
 }
 
+// A unique key keeps one job per key in a queue and kind: held until the
+// job finished (or for a period, WithUniqueFor), another Enqueue of the
+// key stores nothing and returns the job that holds it. The supervisor
+// releases the key when the job succeeds, is dead-lettered or cancelled.
+func ExampleWithUnique() {
+	nc, stop := startDevFleet()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	client := jetfleet.NewClient(nc)
+
+	digest := SendEmail{To: "ada@example.com", Subject: "Your weekly digest"}
+	first, err := client.Enqueue(ctx, digest, jetfleet.WithJobID("digest-ada-1"),
+		jetfleet.WithUnique("digest:ada", jetfleet.UniqueOptions{UntilFinished: true}))
+	if err != nil {
+		panic(err)
+	}
+	again, err := client.Enqueue(ctx, digest, jetfleet.WithJobID("digest-ada-2"),
+		jetfleet.WithUnique("digest:ada", jetfleet.UniqueOptions{UntilFinished: true}))
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(first.JobID, first.Duplicate)
+	fmt.Println(again.JobID, again.Duplicate)
+	// Output:
+	// digest-ada-1 false
+	// digest-ada-1 true
+}
+
 // A job id is an idempotency key: enqueueing it again within the duplicate
 // window stores nothing new.
 func ExampleWithJobID() {

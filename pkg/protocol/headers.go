@@ -26,6 +26,10 @@ const (
 	// published to jobs.<queue>.<kind>, the agent that receives it before
 	// then moves it to DELAYED (docs/protocol.md §2.2).
 	HeaderProcessAt = "Jetfleet-Process-At"
+	// HeaderUniqueKey names the claim in bucket unique that the job holds
+	// (its UniqueClaimKey, docs/protocol.md §2.4). Informational: the claim
+	// is released through the job's entry UniqueJobKey.
+	HeaderUniqueKey = "Jetfleet-Unique-Key"
 	// HeaderTraceParent and HeaderTraceState carry W3C trace context, lowercase.
 	HeaderTraceParent = "traceparent"
 	HeaderTraceState  = "tracestate"

@@ -48,6 +48,10 @@ type Job struct {
 	Fired bool
 	// ReplayedFrom is set on jobs republished from the dead-letter stream.
 	ReplayedFrom string
+	// Unique is the job's unique key, claimed in bucket unique before the
+	// job is published (docs/protocol.md §2.4); Msg only names the claim
+	// (Jetfleet-Unique-Key). Nil for none.
+	Unique *Unique
 	// Header holds every other header of the message, trace context included.
 	Header nats.Header
 }
@@ -81,6 +85,11 @@ func (j Job) Validate() error {
 	for _, d := range j.Backoff {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("backoff %s is negative", d))
+		}
+	}
+	if j.Unique != nil {
+		if err := j.Unique.Validate(); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
@@ -118,6 +127,9 @@ func (j Job) Msg() (*nats.Msg, error) {
 	}
 	if j.ReplayedFrom != "" {
 		h.Set(HeaderReplayedFrom, j.ReplayedFrom)
+	}
+	if j.Unique != nil {
+		h.Set(HeaderUniqueKey, UniqueClaimKey(j.Queue, j.Kind, j.Unique.Key))
 	}
 	if j.ProcessAt.IsZero() {
 		return &nats.Msg{Subject: j.Subject(), Header: h, Data: j.Payload}, nil

@@ -44,6 +44,9 @@ const (
 	// documents), the concurrency slots taken and the rate's next start
 	// (docs/protocol.md §2.4).
 	BucketLimits = "limits"
+	// BucketUnique holds the claims of unique jobs and, per job that holds
+	// one, where it is (docs/protocol.md §2.4; unique.go).
+	BucketUnique = "unique"
 )
 
 // Subject roots and wildcards.

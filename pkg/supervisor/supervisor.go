@@ -45,6 +45,9 @@ type Supervisor struct {
 	agentsKV, leases                  jetstream.KeyValue
 	// cancelsKV records the cancels of jobs (cancel.go).
 	cancelsKV jetstream.KeyValue
+	// unique holds bucket unique, looked up when the leader first releases
+	// a claim (unique.go).
+	unique uniqueBucket
 
 	// client calls the scheduler's API (pausing a failing schedule).
 	client  *jetfleet.Client

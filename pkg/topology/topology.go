@@ -149,6 +149,7 @@ func buckets(c Config) []bucketSpec {
 		{cfg: kv(protocol.BucketAgents, "jetfleet agent registry", 1, c.AgentTTL), disposable: true},
 		{cfg: kv(protocol.BucketCancels, "jetfleet cancels of jobs not running", 1, c.CancelTTL)},
 		{cfg: limitsBucket(kv(protocol.BucketLimits, "jetfleet fleet-wide limits per kind", 1, 0))},
+		{cfg: uniqueBucket(kv(protocol.BucketUnique, "jetfleet unique job keys", 1, 0))},
 	}
 }
 
@@ -169,6 +170,13 @@ func StreamNames() []string {
 // concurrency slot expires unless its holder renews it).
 func limitsBucket(cfg jetstream.KeyValueConfig) jetstream.KeyValueConfig {
 	cfg.LimitMarkerTTL = protocol.LimitSlotTTL
+	return cfg
+}
+
+// uniqueBucket is bucket unique: no bucket TTL (each claim has its own),
+// markers that expire (per-key TTLs need them, server 2.11+).
+func uniqueBucket(cfg jetstream.KeyValueConfig) jetstream.KeyValueConfig {
+	cfg.LimitMarkerTTL = protocol.UniqueMarkerTTL
 	return cfg
 }
 

@@ -78,6 +78,10 @@ func setupSubmit(fs *flag.FlagSet) action {
 	fs.StringVar(&job.Priority, "priority", "", "the job's `priority` in its queue: high, default or low")
 	at := fs.String("at", "", "run the job at this `time` (RFC 3339, e.g. 2026-11-25T18:00:00Z): a delayed job")
 	in := fs.Duration("in", 0, "run the job after this `duration` (e.g. 90s): a delayed job")
+	uniqueKey := fs.String("unique-key", "", "unique `key` of the job in its queue and kind: while another job holds it, nothing is published\n"+
+		"and that job's id is printed (needs -unique-for or -unique-until-finished, and a JSON payload)")
+	uniqueFor := fs.Duration("unique-for", 0, "hold -unique-key for this `period` (at least 1s); with -unique-until-finished, at most this long")
+	uniqueUntil := fs.Bool("unique-until-finished", false, "hold -unique-key until the job succeeded, was dead-lettered or cancelled")
 	return func(ctx context.Context, inv *invocation) error {
 		if err := inv.wantArgs(2, "the <queue>", "the <kind>", "the [payload]"); err != nil {
 			return err
@@ -99,6 +103,13 @@ func setupSubmit(fs *flag.FlagSet) action {
 			return flagValueErrorf("-in %s is negative", *in)
 		case *in > 0:
 			job.ProcessAt = time.Now().Add(*in)
+		}
+		if *uniqueKey != "" || *uniqueFor != 0 || *uniqueUntil {
+			u := protocol.Unique{Key: *uniqueKey, For: *uniqueFor, UntilFinished: *uniqueUntil}
+			if err := u.Validate(); err != nil {
+				return flagValueErrorf("-unique-key, -unique-for, -unique-until-finished: %v", err)
+			}
+			job.Unique = &u
 		}
 		if *backoff != "" {
 			b, err := protocol.ParseBackoff(*backoff)
@@ -153,9 +164,12 @@ func submit(ctx context.Context, inv *invocation, job protocol.Job) (err error) 
 	defer cancel()
 	start := time.Now()
 	var res *jetfleet.EnqueueResult
-	if json.Valid(job.Payload) {
+	switch {
+	case json.Valid(job.Payload):
 		res, err = api.Enqueue(rctx, rawArgs{kind: job.Kind, payload: job.Payload}, enqueueOptions(job)...)
-	} else {
+	case job.Unique != nil:
+		return flagValueErrorf("-unique-key needs a JSON payload (published through the Go client, which claims the key)")
+	default:
 		res, err = publishRaw(rctx, c.nc, tracer, job)
 	}
 	if err != nil {
@@ -174,6 +188,11 @@ func submit(ctx context.Context, inv *invocation, job protocol.Job) (err error) 
 		if !res.ProcessAt.IsZero() && !res.Duplicate {
 			_, err := fmt.Fprintf(w, "delayed job %s until %s (%s seq %d) in %s\ntrace %s\n", res.JobID,
 				res.ProcessAt.UTC().Format(time.RFC3339Nano), out.Stream, res.Sequence, took.Round(time.Microsecond), out.TraceID)
+			return err
+		}
+		if res.Duplicate && job.Unique != nil && res.Sequence == 0 {
+			_, err := fmt.Fprintf(w, "duplicate: job %s holds unique key %q of %s; not published\n", res.JobID, job.Unique.Key,
+				protocol.JobSubject(res.Queue, res.Kind))
 			return err
 		}
 		if res.Duplicate {
@@ -207,6 +226,9 @@ func enqueueOptions(job protocol.Job) []jetfleet.EnqueueOption {
 	}
 	if job.Priority != "" {
 		opts = append(opts, jetfleet.WithPriority(job.Priority))
+	}
+	if u := job.Unique; u != nil {
+		opts = append(opts, jetfleet.WithUnique(u.Key, jetfleet.UniqueOptions{For: u.For, UntilFinished: u.UntilFinished}))
 	}
 	for k, vs := range job.Header {
 		for _, v := range vs {

@@ -131,3 +131,39 @@ func TestSubmitWithPassword(t *testing.T) {
 	t.Setenv("NATS_USER", "bob")
 	require.NoError(t, submit(), "both from the environment")
 }
+
+// TestSubmitUnique: -unique-key claims the key; a second submit of it
+// publishes nothing and names the job that holds it; bad values are refused.
+func TestSubmitUnique(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Server(t)
+	_, js := natstest.JetStream(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, topology.Ensure(ctx, js, topology.Config{}))
+	submit := func(args ...string) (submitted, error) {
+		var out bytes.Buffer
+		full := append([]string{"submit", "-server", srv.ClientURL(), "-o", "json"}, args...)
+		err := run(ctx, append(full, "nobody", "report", `{}`), &out)
+		var res submitted
+		if err == nil {
+			require.NoError(t, json.Unmarshal(out.Bytes(), &res), out.String())
+		}
+		return res, err
+	}
+	first, err := submit("-id", "report-1", "-unique-key", "acme", "-unique-until-finished")
+	require.NoError(t, err)
+	assert.False(t, first.Duplicate)
+	again, err := submit("-id", "report-2", "-unique-key", "acme", "-unique-for", "1h")
+	require.NoError(t, err)
+	assert.True(t, again.Duplicate)
+	assert.Equal(t, "report-1", again.JobID)
+	assert.Equal(t, protocol.UniqueClaimKey("nobody", "report", "acme"), storedJob(t, js, "jobs.nobody.report").Header.Get(protocol.HeaderUniqueKey))
+
+	_, err = submit("-unique-key", "acme")
+	assert.ErrorContains(t, err, "needs a period or until-finished")
+	_, err = submit("-unique-for", "-1s", "-unique-key", "x")
+	assert.ErrorContains(t, err, "is negative")
+	_, err = submit("-unique-until-finished")
+	assert.ErrorContains(t, err, "unique key is empty")
+}

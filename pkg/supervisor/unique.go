@@ -1,0 +1,106 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
+	"github.com/jetfleet/jetfleet/pkg/telemetry"
+)
+
+// Unique jobs (docs/protocol.md §2.5): the leader, reading the event that
+// ends a job's run, releases the job's claim in bucket unique — found
+// through the job's hold, protocol.UniqueJobKey — when the event releases
+// it (protocol.UniqueReleasedBy), and only while the claim is still the
+// job's: an expired claim taken by another job since stays. Each step is
+// a revision-checked purge, so an event read again (a rewind, a new leader
+// reading what the last one did not ack) changes nothing twice. A step
+// that fails fails the event, which is read again.
+
+// uniqueBucket is bucket unique, looked up on first use.
+type uniqueBucket struct {
+	mu sync.Mutex
+	kv jetstream.KeyValue
+}
+
+func (s *Supervisor) uniqueKV(ctx context.Context) (jetstream.KeyValue, error) {
+	s.unique.mu.Lock()
+	defer s.unique.mu.Unlock()
+	if s.unique.kv == nil {
+		kv, err := s.js.KeyValue(ctx, protocol.BucketUnique)
+		if err != nil {
+			return nil, fmt.Errorf("bucket %s: %w", protocol.BucketUnique, err)
+		}
+		s.unique.kv = kv
+	}
+	return s.unique.kv, nil
+}
+
+// releaseUnique releases the unique claim of the job whose run ev ends.
+func (s *Supervisor) releaseUnique(ctx context.Context, ev *jetfleetpb.JobEvent) error {
+	if ev.GetJobId() == "" {
+		return nil
+	}
+	rctx, cancel := s.requestCtx(ctx)
+	defer cancel()
+	kv, err := s.uniqueKV(rctx)
+	if err != nil {
+		return err
+	}
+	jobKey := protocol.UniqueJobKey(ev.GetJobId())
+	e, err := kv.Get(rctx, jobKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil // holds no claim (the usual case), or released already
+	}
+	if err != nil {
+		return fmt.Errorf("unique hold of job %s: %w", ev.GetJobId(), err)
+	}
+	log := s.log.With(telemetry.LogJobID, ev.GetJobId(), telemetry.LogQueue, ev.GetQueue(), telemetry.LogKind, ev.GetKind())
+	hold, err := protocol.ParseUniqueHold(e.Value())
+	if err != nil {
+		log.Warn("unreadable unique hold dropped; its claim ends with its TTL", telemetry.LogError, err)
+	} else if protocol.UniqueReleasedBy(hold.Until, ev.GetType()) {
+		if err := releaseClaim(rctx, kv, hold.Key, ev.GetJobId()); err != nil {
+			return err
+		}
+		log.Info("released a unique key", "unique_key", hold.Key, "until", hold.Until, "event", ev.GetType())
+	}
+	// The run is over: the hold has served (a period claim that stays ends
+	// with its TTL).
+	err = kv.Purge(rctx, jobKey, jetstream.LastRevision(e.Revision()), jetstream.PurgeTTL(protocol.UniqueMarkerTTL))
+	if err != nil && !errors.Is(err, jetstream.ErrKeyExists) && !isWrongRevision(err) {
+		return fmt.Errorf("drop the unique hold of job %s: %w", ev.GetJobId(), err)
+	}
+	return nil
+}
+
+// releaseClaim purges the claim key while jobID holds it.
+func releaseClaim(ctx context.Context, kv jetstream.KeyValue, key, jobID string) error {
+	e, err := kv.Get(ctx, key)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return nil // expired, or released already
+	case err != nil:
+		return fmt.Errorf("unique key %s: %w", key, err)
+	case string(e.Value()) != jobID:
+		return nil // another job's since this one's expired
+	}
+	err = kv.Purge(ctx, key, jetstream.LastRevision(e.Revision()), jetstream.PurgeTTL(protocol.UniqueMarkerTTL))
+	if err != nil && !isWrongRevision(err) {
+		return fmt.Errorf("release unique key %s of job %s: %w", key, jobID, err)
+	}
+	return nil // a wrong revision: it changed hands meanwhile
+}
+
+// isWrongRevision reports a revision-checked write refused because the key
+// changed.
+func isWrongRevision(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) &&
+		(apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
