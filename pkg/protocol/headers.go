@@ -27,7 +27,7 @@ const (
 	// then moves it to DELAYED (docs/protocol.md §2.2).
 	HeaderProcessAt = "Jetfleet-Process-At"
 	// HeaderUniqueKey names the claim in bucket unique that the job holds
-	// (its UniqueClaimKey, docs/protocol.md §2.4). Informational: the claim
+	// (its UniqueClaimKey, docs/protocol.md §2.5). Informational: the claim
 	// is released through the job's entry UniqueJobKey.
 	HeaderUniqueKey = "Jetfleet-Unique-Key"
 	// HeaderTraceParent and HeaderTraceState carry W3C trace context, lowercase.

@@ -45,7 +45,7 @@ const (
 	// (docs/protocol.md §2.4).
 	BucketLimits = "limits"
 	// BucketUnique holds the claims of unique jobs and, per job that holds
-	// one, where it is (docs/protocol.md §2.4; unique.go).
+	// one, where it is (docs/protocol.md §2.5; unique.go).
 	BucketUnique = "unique"
 )
 
