@@ -32,6 +32,9 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/topology"
 )
 
 // The stack's services and the container ports the test reaches from the host.
@@ -294,7 +297,9 @@ func TestClusterStack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"ADVISORIES", "DLQ", "EVENTS", "JOBS", "KV_agents", "KV_leases", "KV_schedule_state", "KV_schedules", "SUPERVISOR"}
+	// Every stream the services provision, the supervisor's own included.
+	want := append(topology.StreamNames(), protocol.StreamSupervisor, protocol.StreamTrends)
+	slices.Sort(want)
 	eventually(t, time.Minute, 500*time.Millisecond, "every stream on three current replicas", func() error {
 		var names []string
 		for name := range adminJS.StreamNames(ctx).Name() {
