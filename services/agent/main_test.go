@@ -357,9 +357,16 @@ func TestRunningJobOnAnAgentProcessIsCancelledByID(t *testing.T) {
 	fleettest.Publish(t, env.JetStream, protocol.Job{ID: "c-0", Queue: "default", Kind: "work"})
 	program := pids.next(t)
 	events.WaitFor(t, 30*time.Second, "c-0", protocol.EventStarted)
-	res, err := jetfleet.NewClient(nc).Cancel(ctx, "c-0", jetfleet.CancelReason("the order was withdrawn"))
+	// The supervisor knows where a job runs from the agents' heartbeats:
+	// wait until one lists it, as the cancel of a running job needs.
+	client := jetfleet.NewClient(nc)
+	require.Eventually(t, func() bool {
+		running, err := client.RunningJobs(ctx, jetfleet.RunningJobsRequest{AgentID: "far-away"})
+		return err == nil && len(running.Jobs) == 1 && running.Jobs[0].JobID == "c-0"
+	}, 10*time.Second, 20*time.Millisecond, "the supervisor sees the job running on far-away")
+	res, err := client.Cancel(ctx, "c-0", jetfleet.CancelReason("the order was withdrawn"))
 	require.NoError(t, err)
-	t.Logf("cancel result: %+v", *res)
+	assert.Equal(t, "far-away", res.AgentID, "cancelled where it runs: %+v", *res)
 
 	ev := events.WaitFor(t, 30*time.Second, "c-0", protocol.EventCancelled)
 	assert.Equal(t, "far-away", ev.GetAgentId())
