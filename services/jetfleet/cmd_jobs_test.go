@@ -104,10 +104,7 @@ func TestJobsGetShowsTheResult(t *testing.T) {
 	env := fleettest.NewEnv(t, srv, topology.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	sup, err := supervisor.New(supervisor.Config{CheckInterval: 50 * time.Millisecond}, fleettest.NewEnv(t, srv, topology.Config{}).Env, clock.Real())
-	require.NoError(t, err)
-	require.NoError(t, sup.Start(ctx))
-	t.Cleanup(func() { _ = sup.Stop(context.Background()) })
+	startSupervisor(ctx, t, srv)
 	a, err := agent.New(env.Env.Conn, agent.Config{ID: "cli-result"}, agent.WithEnv(env.Env))
 	require.NoError(t, err)
 	require.NoError(t, a.Register("count", func(ctx context.Context, _ *agent.Job) error {
@@ -119,12 +116,7 @@ func TestJobsGetShowsTheResult(t *testing.T) {
 		defer cancel()
 		_ = a.Stop(stopCtx)
 	})
-	cli := func(args ...string) (string, error) {
-		var out bytes.Buffer
-		full := append(append(append([]string(nil), args[:2]...), "-server", srv.ClientURL()), args[2:]...)
-		err := run(ctx, full, &out)
-		return out.String(), err
-	}
+	cli := cliOn(ctx, srv)
 	_, err = cli("submit", "default", "count", "-id", "count-7", `{}`)
 	require.NoError(t, err)
 	fleettest.WaitLatestEvent(t, env.JetStream, "count-7", protocol.EventSucceeded, 10*time.Second)

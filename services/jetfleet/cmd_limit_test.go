@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,12 +11,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetfleet/jetfleet/pkg/agent"
-	"github.com/jetfleet/jetfleet/pkg/clock"
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
 	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/natstest"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
-	"github.com/jetfleet/jetfleet/pkg/supervisor"
 	"github.com/jetfleet/jetfleet/pkg/topology"
 )
 
@@ -31,16 +28,8 @@ func TestLimitCommands(t *testing.T) {
 	env := fleettest.NewEnv(t, srv, topology.Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	sup, err := supervisor.New(supervisor.Config{CheckInterval: 50 * time.Millisecond}, fleettest.NewEnv(t, srv, topology.Config{}).Env, clock.Real())
-	require.NoError(t, err)
-	require.NoError(t, sup.Start(ctx))
-	t.Cleanup(func() { _ = sup.Stop(context.Background()) })
-	cli := func(args ...string) (string, error) {
-		var out bytes.Buffer
-		full := append(append(append([]string(nil), args[:2]...), "-server", srv.ClientURL()), args[2:]...)
-		err := run(ctx, full, &out)
-		return out.String(), err
-	}
+	startSupervisor(ctx, t, srv)
+	cli := cliOn(ctx, srv)
 	out, err := cli("limit", "set", "default", "export", "-concurrency", "1", "-rate", "100/1m")
 	require.NoError(t, err, out)
 	assert.Equal(t, "limit set: default/export concurrency 1, rate 100 per 1m0s\n", out)
