@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jetfleet/jetfleet/pkg/natstest/freeport"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 )
 
@@ -143,7 +144,7 @@ func startFleet(ctx context.Context, log *slog.Logger, bins binaries, dir string
 	}
 	add := func(list *[]*member, role, prefix string, n int) error {
 		for i := 1; i <= n; i++ {
-			port, err := freePort()
+			port, err := freeport.Pick()
 			if err != nil {
 				return err
 			}

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/jetfleet/jetfleet/pkg/natstest/freeport"
 )
 
 // natsServer is the fleet's standalone nats-server: a file store with
@@ -24,7 +26,7 @@ type natsServer struct {
 }
 
 func newNATSServer(bin, dir string, procs *procSet) (*natsServer, error) {
-	port, err := freePort()
+	port, err := freeport.Pick()
 	if err != nil {
 		return nil, err
 	}

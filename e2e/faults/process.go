@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -219,14 +218,4 @@ func (s *procSet) killAll() {
 		wg.Go(func() { _ = p.kill() })
 	}
 	wg.Wait()
-}
-
-// freePort returns a loopback TCP port nobody listens on right now.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"path/filepath"
 	"strings"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetfleet/jetfleet/pkg/embedded"
+	"github.com/jetfleet/jetfleet/pkg/natstest/freeport"
 )
 
 // cluster is an in-process JetStream cluster on loopback: the bench's
@@ -31,7 +31,7 @@ func startCluster(ctx context.Context, dir string, n int, syncAlways bool) (_ *c
 	ports := make([]int, n)
 	routes := make([]string, n)
 	for i := range n {
-		if ports[i], err = freePort(); err != nil {
+		if ports[i], err = freeport.Pick(); err != nil {
 			return nil, err
 		}
 		routes[i] = fmt.Sprintf("nats-route://127.0.0.1:%d", ports[i])
@@ -134,14 +134,4 @@ func (c *cluster) stop() {
 			srv.WaitForShutdown()
 		}
 	}
-}
-
-// freePort returns a loopback port free at the time of the call.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("free port: %w", err)
-	}
-	defer func() { _ = l.Close() }() // only its port was wanted
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/jetfleet/jetfleet/pkg/embedded"
+	"github.com/jetfleet/jetfleet/pkg/natstest/freeport"
 )
 
 // Server starts a single JetStream server for the test and shuts it down
@@ -207,12 +208,11 @@ const jsErrCodeNoPeers jetstream.ErrorCode = 10005
 
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := freeport.Pick()
 	if err != nil {
-		t.Fatalf("natstest: free port: %v", err)
+		t.Fatalf("natstest: %v", err)
 	}
-	defer func() { _ = l.Close() }() // only its port was wanted
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 // Restartable is a JetStream server a test stops and starts again on the

@@ -332,7 +332,8 @@ func (s *Scheduler) lastJobEvent(ctx context.Context, jobID string) (*jetfleetpb
 // cancel_previous, so that it does not run again beside the newer one.
 func (s *Scheduler) cancelRun(prev run, newer string) {
 	s.runner.Go(func(ctx context.Context) {
-		ctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
+		// Room for an agent slow to answer to be asked again (sendCancelPatiently).
+		ctx, cancel := context.WithTimeout(ctx, 3*s.cfg.PublishTimeout)
 		defer cancel()
 		log := s.log.With(telemetry.LogJobID, prev.jobID, "replaced_by", newer)
 		if ended, err := s.runEnded(ctx, prev); err == nil && ended {
@@ -345,7 +346,7 @@ func (s *Scheduler) cancelRun(prev run, newer string) {
 		// Agents that answered that they do not hold the run.
 		notHolding := map[string]bool{}
 		cancelAt := func(agentID string) (done bool) {
-			err := s.sendCancel(ctx, agentID, prev.jobID)
+			err := s.sendCancelPatiently(ctx, agentID, prev.jobID)
 			switch {
 			case err == nil:
 				log.Info("cancelled the previous run", telemetry.LogAgentID, agentID)
@@ -402,6 +403,23 @@ func (s *Scheduler) cancelRun(prev run, newer string) {
 }
 
 // sendCancel asks agentID to cancel jobID (docs/protocol.md §3.6).
+// sendCancelPatiently asks again while the agent does not answer in time: a
+// loaded agent's control subscription may lag behind, and giving up leaves
+// the previous run where it is.
+func (s *Scheduler) sendCancelPatiently(ctx context.Context, agentID, jobID string) error {
+	for {
+		try, cancel := context.WithTimeout(ctx, cancelAnswerTimeout)
+		err := s.sendCancel(try, agentID, jobID)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// cancelAnswerTimeout bounds one wait for an agent's answer to a cancel.
+const cancelAnswerTimeout = 2 * time.Second
+
 func (s *Scheduler) sendCancel(ctx context.Context, agentID, jobID string) error {
 	cmd, err := protocol.Marshal(&jetfleetpb.AgentCommand{Action: protocol.CommandCancel, JobId: jobID,
 		Reason: "cancel_previous: a newer run of the schedule started"})
