@@ -10,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -106,7 +105,7 @@ func Setup(ctx context.Context, opts Options) (*Telemetry, error) {
 		if err := checkOTLPProtocol(getenv); err != nil {
 			return nil, err
 		}
-		exp, err := otlptracehttp.New(ctx)
+		exp, err := newOTLPExporter(getenv)
 		if err != nil {
 			return nil, fmt.Errorf("telemetry: OTLP exporter: %w", err)
 		}
