@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -333,10 +334,15 @@ func (s WorkflowStep) QueueOrDefault() string {
 // so that a supervisor that takes over mid-run publishes the same ids and
 // JetStream's duplicate window and the job's recorded events keep each
 // step, and each element, to one execution. element is -1 for a step that
-// is not a fan-out.
-func WorkflowStepJobID(runID, step string, element int) string {
-	if element < 0 {
-		return "wf:" + runID + ":" + step
+// is not a fan-out; round counts the run's retries of failed work (0 for
+// the first execution), so that a retry is a new job.
+func WorkflowStepJobID(runID, step string, element, round int) string {
+	id := "wf:" + runID + ":" + step
+	if element >= 0 {
+		id += ":" + strconv.Itoa(element)
 	}
-	return fmt.Sprintf("wf:%s:%s:%d", runID, step, element)
+	if round > 0 {
+		id += "~" + strconv.Itoa(round)
+	}
+	return id
 }

@@ -39,18 +39,20 @@ type WorkflowScope struct {
 }
 
 // WorkflowStepOutcome is what a step left for the steps after it.
+// Every field is in a template's scope even when empty: a step that
+// returned no result reads as null, a fan-out without failures as [].
 type WorkflowStepOutcome struct {
-	Result    any                      `json:"result,omitempty"`
-	Error     string                   `json:"error,omitempty"`
-	Succeeded []WorkflowElementResult  `json:"succeeded,omitempty"`
-	Failed    []WorkflowElementFailure `json:"failed,omitempty"`
+	Result    any                      `json:"result"`
+	Error     string                   `json:"error"`
+	Succeeded []WorkflowElementResult  `json:"succeeded"`
+	Failed    []WorkflowElementFailure `json:"failed"`
 }
 
 // WorkflowElementResult is a fan-out element that succeeded.
 type WorkflowElementResult struct {
 	Index  int `json:"index"`
 	Item   any `json:"item"`
-	Result any `json:"result,omitempty"`
+	Result any `json:"result"`
 }
 
 // WorkflowElementFailure is a fan-out element that failed, with its error.

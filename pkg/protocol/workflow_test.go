@@ -157,8 +157,9 @@ func TestRenderingFailsWithAReasonWhenTheValueIsMissingOrNotAList(t *testing.T) 
 }
 
 func TestWorkflowStepJobIDIsDeterministicAndAValidJobID(t *testing.T) {
-	assert.Equal(t, "wf:r1:list", WorkflowStepJobID("r1", "list", -1))
-	assert.Equal(t, "wf:r1:export:7", WorkflowStepJobID("r1", "export", 7))
-	assert.Equal(t, WorkflowStepJobID("r1", "export", 7), WorkflowStepJobID("r1", "export", 7))
-	require.NoError(t, ValidateJobID(WorkflowStepJobID("r1", "export", 7)))
+	assert.Equal(t, "wf:r1:list", WorkflowStepJobID("r1", "list", -1, 0))
+	assert.Equal(t, "wf:r1:export:7", WorkflowStepJobID("r1", "export", 7, 0))
+	assert.Equal(t, "wf:r1:export:7~2", WorkflowStepJobID("r1", "export", 7, 2))
+	assert.Equal(t, WorkflowStepJobID("r1", "export", 7, 0), WorkflowStepJobID("r1", "export", 7, 0))
+	require.NoError(t, ValidateJobID(WorkflowStepJobID("r1", "export", 7, 1)))
 }

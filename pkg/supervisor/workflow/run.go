@@ -1,0 +1,574 @@
+// Package workflow is the state machine of a workflow run: given the run's
+// state and a job's outcome, it says what to do next (publish the next jobs,
+// cancel the rest of a failing fan-out, raise the run's one alert, end the
+// run). It does no I/O: the supervisor's workflow component stores the state
+// in JetStream and carries out the actions, so that a leader that takes over
+// mid-run resumes from the stored state and the deterministic job ids keep
+// every step and element to one execution (issue 19; definitions and
+// templates are in pkg/protocol).
+package workflow
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jetfleet/jetfleet/pkg/protocol"
+)
+
+// Status is the state of a run, a step or a fan-out element.
+type Status string
+
+// Statuses. A step waits for its dependencies, runs, and ends succeeded,
+// failed, skipped (its condition did not hold) or cancelled.
+const (
+	StatusWaiting   Status = "waiting"
+	StatusRunning   Status = "running"
+	StatusSucceeded Status = "succeeded"
+	StatusFailed    Status = "failed"
+	StatusSkipped   Status = "skipped"
+	StatusCancelled Status = "cancelled"
+)
+
+// Ended says whether s is final (until a retry of failed work).
+func (s Status) Ended() bool {
+	return s == StatusSucceeded || s == StatusFailed || s == StatusSkipped || s == StatusCancelled
+}
+
+// Run is the whole state of one run: what the supervisor stores.
+type Run struct {
+	ID       string                      `json:"id"`
+	Workflow string                      `json:"workflow"`
+	Def      protocol.WorkflowDefinition `json:"definition"` // as it was when the run started
+	Input    json.RawMessage             `json:"input,omitempty"`
+	Status   Status                      `json:"status"`
+	// Round counts retries of failed work (RetryFailed); job ids carry it.
+	Round int                   `json:"round,omitempty"`
+	Steps map[string]*StepState `json:"steps"`
+}
+
+// StepState is one step of a run.
+type StepState struct {
+	Status Status          `json:"status"`
+	Result json.RawMessage `json:"result,omitempty"`
+	Error  string          `json:"error,omitempty"`
+	// SkippedForFailure marks a step skipped because something upstream
+	// failed: an on_failure step downstream of it still runs.
+	SkippedForFailure bool `json:"skipped_for_failure,omitempty"`
+	// Round is the run's round in which the step last started.
+	Round int `json:"round,omitempty"`
+	// Items and Elements are a fan-out's list and each element's state.
+	Items    []json.RawMessage `json:"items,omitempty"`
+	Elements []ElementState    `json:"elements,omitempty"`
+}
+
+// ElementState is one element of a fan-out.
+type ElementState struct {
+	Status Status          `json:"status"`
+	Round  int             `json:"round,omitempty"`
+	Result json.RawMessage `json:"result,omitempty"`
+	Error  string          `json:"error,omitempty"`
+}
+
+// Outcome is how a step's job ended, from its last job event.
+type Outcome struct {
+	Status Status          // StatusSucceeded, StatusFailed (dead) or StatusCancelled
+	Result json.RawMessage // with StatusSucceeded
+	Error  string          // with StatusFailed or StatusCancelled
+}
+
+// Actions are what the caller must do after a transition, in order.
+type Actions struct {
+	Publish []Job    // jobs to publish (their ids are deterministic: publishing twice is harmless)
+	Cancel  []string // job ids to cancel
+	// Alert, when set, is the run's one alert: every failed step and element.
+	Alert *Failures
+	// Ended is set when the run reached its end in this transition.
+	Ended bool
+}
+
+// Job is one job to publish for a step.
+type Job struct {
+	ID       string
+	Step     string
+	Element  int // -1 for a step that is not a fan-out
+	Queue    string
+	Kind     string
+	Payload  json.RawMessage
+	Timeout  time.Duration
+	Attempts int
+	Backoff  []time.Duration
+}
+
+// Failures lists what failed in a run, for its alert and for the operator.
+type Failures struct {
+	Steps    []StepFailure    `json:"steps,omitempty"`
+	Elements []ElementFailure `json:"elements,omitempty"`
+}
+
+// StepFailure is a step that failed as a whole.
+type StepFailure struct {
+	Step  string `json:"step"`
+	Error string `json:"error"`
+}
+
+// ElementFailure is a fan-out element that failed.
+type ElementFailure struct {
+	Step  string          `json:"step"`
+	Index int             `json:"index"`
+	Item  json.RawMessage `json:"item"`
+	Error string          `json:"error"`
+}
+
+// Empty says whether nothing failed.
+func (f Failures) Empty() bool { return len(f.Steps) == 0 && len(f.Elements) == 0 }
+
+// Start creates a run of def and returns the jobs of its first steps.
+func Start(def protocol.WorkflowDefinition, runID string, input json.RawMessage) (*Run, Actions, error) {
+	if err := def.Validate(); err != nil {
+		return nil, Actions{}, err
+	}
+	if err := protocol.ValidateToken("run id", runID); err != nil {
+		return nil, Actions{}, err
+	}
+	if len(input) == 0 {
+		input = json.RawMessage("null")
+	}
+	if !json.Valid(input) {
+		return nil, Actions{}, errors.New("run input: not a JSON value")
+	}
+	r := &Run{ID: runID, Workflow: def.Name, Def: def, Input: input, Status: StatusRunning,
+		Steps: make(map[string]*StepState, len(def.Steps))}
+	for _, s := range def.Steps {
+		r.Steps[s.Name] = &StepState{Status: StatusWaiting}
+	}
+	var acts Actions
+	r.advance(&acts)
+	return r, acts, nil
+}
+
+// JobEnded records the outcome of one of the run's jobs and returns what
+// follows. An outcome for a job the run does not wait for (a duplicate
+// event, a job of an earlier round) changes nothing.
+func (r *Run) JobEnded(jobID string, out Outcome) (Actions, error) {
+	var acts Actions
+	step, element, round, err := r.parseJobID(jobID)
+	if err != nil {
+		return acts, err
+	}
+	switch out.Status {
+	case StatusSucceeded, StatusFailed, StatusCancelled:
+	default:
+		return acts, fmt.Errorf("job %s: %q is not an outcome", jobID, out.Status)
+	}
+	st := r.Steps[step]
+	if element < 0 {
+		if st.Status != StatusRunning || st.Round != round {
+			return acts, nil
+		}
+		st.Status, st.Result, st.Error = out.Status, out.Result, out.Error
+		r.advance(&acts)
+		return acts, nil
+	}
+	if element >= len(st.Elements) {
+		return acts, fmt.Errorf("job %s: step %s has %d elements", jobID, step, len(st.Elements))
+	}
+	el := &st.Elements[element]
+	if el.Status != StatusRunning || el.Round != round {
+		return acts, nil
+	}
+	el.Status, el.Result, el.Error = out.Status, out.Result, out.Error
+	def, _ := r.Def.Step(step)
+	if out.Status != StatusSucceeded && def.OnElementFailure == protocol.ElementFailureFailFast {
+		r.failFast(step, st, &acts)
+	}
+	r.fillFanOut(step, st, &acts)
+	r.advance(&acts)
+	return acts, nil
+}
+
+// Cancel ends a running run: its queued and running jobs are cancelled and
+// its steps not yet ended are marked cancelled.
+func (r *Run) Cancel() Actions {
+	var acts Actions
+	if r.Status != StatusRunning {
+		return acts
+	}
+	for _, s := range r.Def.Steps {
+		st := r.Steps[s.Name]
+		if st.Status.Ended() {
+			continue
+		}
+		if st.Status == StatusRunning {
+			if s.IsFanOut() {
+				for i := range st.Elements {
+					if st.Elements[i].Status == StatusRunning {
+						acts.Cancel = append(acts.Cancel, protocol.WorkflowStepJobID(r.ID, s.Name, i, st.Elements[i].Round))
+					}
+					if !st.Elements[i].Status.Ended() {
+						st.Elements[i].Status, st.Elements[i].Error = StatusCancelled, "the run was cancelled"
+					}
+				}
+			} else {
+				acts.Cancel = append(acts.Cancel, protocol.WorkflowStepJobID(r.ID, s.Name, -1, st.Round))
+			}
+		}
+		st.Status, st.Error = StatusCancelled, "the run was cancelled"
+	}
+	r.Status = StatusCancelled
+	acts.Ended = true
+	return acts
+}
+
+// RetryFailed runs again, in a new round, the failed steps and fan-out
+// elements of an ended run and every step downstream of them, so that a
+// fan-in sees the whole picture once the retried work succeeds. Work that
+// succeeded stands.
+func (r *Run) RetryFailed() (Actions, error) {
+	var acts Actions
+	if r.Status == StatusRunning {
+		return acts, errors.New("the run is still running")
+	}
+	r.Round++
+	retried := map[string]bool{}
+	for _, s := range r.Def.Steps {
+		st := r.Steps[s.Name]
+		failedElements := false
+		for i := range st.Elements {
+			if st.Elements[i].Status == StatusFailed || st.Elements[i].Status == StatusCancelled {
+				st.Elements[i] = ElementState{Status: StatusWaiting}
+				failedElements = true
+			}
+		}
+		if st.Status == StatusFailed || st.Status == StatusCancelled || failedElements {
+			retried[s.Name] = true
+		}
+	}
+	if len(retried) == 0 {
+		r.Round--
+		return acts, errors.New("nothing failed in this run")
+	}
+	for _, s := range r.Def.Steps {
+		st := r.Steps[s.Name]
+		downstream := false
+		for name := range retried {
+			if r.Def.Upstream(s.Name)[name] {
+				downstream = true
+			}
+		}
+		switch {
+		case retried[s.Name] && s.IsFanOut() && st.Items != nil:
+			// Its list stands, and so do its elements that succeeded; the
+			// failed ones wait to go out again.
+			st.Status, st.Round, st.Error = StatusRunning, r.Round, ""
+		case retried[s.Name] || downstream:
+			*st = StepState{Status: StatusWaiting}
+		}
+	}
+	r.Status = StatusRunning
+	for _, s := range r.Def.Steps {
+		if st := r.Steps[s.Name]; st.Status == StatusRunning && s.IsFanOut() {
+			r.fillFanOut(s.Name, st, &acts)
+		}
+	}
+	r.advance(&acts)
+	return acts, nil
+}
+
+// Failures lists what failed in the run so far.
+func (r *Run) Failures() Failures {
+	var f Failures
+	for _, s := range r.Def.Steps {
+		st := r.Steps[s.Name]
+		for i, el := range st.Elements {
+			if el.Status == StatusFailed {
+				f.Elements = append(f.Elements, ElementFailure{Step: s.Name, Index: i, Item: st.Items[i], Error: el.Error})
+			}
+		}
+		if st.Status == StatusFailed {
+			f.Steps = append(f.Steps, StepFailure{Step: s.Name, Error: st.Error})
+		}
+	}
+	return f
+}
+
+// advance starts every step whose dependencies have ended, skips those
+// whose condition does not hold, and ends the run when every step has.
+func (r *Run) advance(acts *Actions) {
+	for progress := true; progress; {
+		progress = false
+		for _, s := range r.Def.Steps {
+			st := r.Steps[s.Name]
+			if st.Status != StatusWaiting || !r.depsEnded(s) {
+				continue
+			}
+			progress = true
+			run, forFailure := r.condition(s)
+			if !run {
+				st.Status, st.SkippedForFailure = StatusSkipped, forFailure
+				continue
+			}
+			r.startStep(s, st, acts)
+		}
+	}
+	if r.Status != StatusRunning {
+		return
+	}
+	for _, st := range r.Steps {
+		if !st.Status.Ended() {
+			return
+		}
+	}
+	r.Status = StatusSucceeded
+	if f := r.Failures(); !f.Empty() {
+		r.Status = StatusFailed
+		acts.Alert = &f
+	}
+	acts.Ended = true
+}
+
+func (r *Run) depsEnded(s protocol.WorkflowStep) bool {
+	for _, dep := range s.DependsOn {
+		if !r.Steps[dep].Status.Ended() {
+			return false
+		}
+	}
+	return true
+}
+
+// condition says whether a step whose dependencies ended runs, and when it
+// does not, whether that is because something upstream failed.
+func (r *Run) condition(s protocol.WorkflowStep) (run, forFailure bool) {
+	failedUpstream, allSucceeded := false, true
+	for _, dep := range s.DependsOn {
+		st := r.Steps[dep]
+		if st.Status == StatusFailed || (st.Status == StatusSkipped && st.SkippedForFailure) || st.failedElements() > 0 {
+			failedUpstream = true // a fan-out that went on past failed elements counts for on_failure steps
+		}
+		if st.Status != StatusSucceeded {
+			allSucceeded = false
+		}
+	}
+	switch s.When {
+	case protocol.WhenAlways:
+		return true, false
+	case protocol.WhenOnFailure:
+		return failedUpstream, false
+	default:
+		return allSucceeded, failedUpstream
+	}
+}
+
+// startStep renders a step's input (or its list, for a fan-out) and
+// publishes its first jobs; a template that cannot be rendered fails the
+// step with the reason.
+func (r *Run) startStep(s protocol.WorkflowStep, st *StepState, acts *Actions) {
+	st.Status, st.Round = StatusRunning, r.Round
+	if !s.IsFanOut() {
+		job, err := r.job(s, -1, r.Round, r.scope(s, false, nil, 0))
+		if err != nil {
+			st.Status, st.Error = StatusFailed, err.Error()
+			return
+		}
+		acts.Publish = append(acts.Publish, job)
+		return
+	}
+	items, err := protocol.RenderForEach(s.ForEach, r.scope(s, false, nil, 0))
+	if err != nil {
+		st.Status, st.Error = StatusFailed, err.Error()
+		return
+	}
+	st.Items = make([]json.RawMessage, len(items))
+	st.Elements = make([]ElementState, len(items))
+	for i, item := range items {
+		b, err := json.Marshal(item)
+		if err != nil {
+			st.Status, st.Error = StatusFailed, fmt.Sprintf("for_each element %d: %v", i, err)
+			return
+		}
+		st.Items[i] = b
+		st.Elements[i] = ElementState{Status: StatusWaiting}
+	}
+	r.fillFanOut(s.Name, st, acts)
+}
+
+// fillFanOut publishes waiting elements up to the step's parallelism, and
+// ends the step once every element has.
+func (r *Run) fillFanOut(name string, st *StepState, acts *Actions) {
+	if st.Status != StatusRunning {
+		return
+	}
+	s, _ := r.Def.Step(name)
+	running, ended, failed := 0, 0, 0
+	for _, el := range st.Elements {
+		switch {
+		case el.Status == StatusRunning:
+			running++
+		case el.Status.Ended():
+			ended++
+			if el.Status != StatusSucceeded {
+				failed++
+			}
+		}
+	}
+	for i := range st.Elements {
+		if s.Parallelism > 0 && running >= s.Parallelism {
+			break
+		}
+		el := &st.Elements[i]
+		if el.Status != StatusWaiting {
+			continue
+		}
+		var item any
+		_ = json.Unmarshal(st.Items[i], &item) // marshalled by startStep
+		job, err := r.job(s, i, r.Round, r.scope(s, true, item, i))
+		if err != nil {
+			el.Status, el.Error = StatusFailed, err.Error()
+			if s.OnElementFailure == protocol.ElementFailureFailFast {
+				r.failFast(name, st, acts)
+				st.Status, st.Error = StatusFailed, fmt.Sprintf("element %d: %v", i, err)
+				return
+			}
+			ended++
+			failed++
+			continue
+		}
+		el.Status, el.Round = StatusRunning, r.Round
+		acts.Publish = append(acts.Publish, job)
+		running++
+	}
+	if ended < len(st.Elements) {
+		return
+	}
+	if failed > 0 && s.OnElementFailure == protocol.ElementFailureFailFast {
+		n := 0
+		for _, el := range st.Elements {
+			if el.Status == StatusFailed {
+				n++
+			}
+		}
+		st.Status, st.Error = StatusFailed, fmt.Sprintf("%d of %d elements failed, the rest cancelled (fail_fast)", n, len(st.Elements))
+		return
+	}
+	st.Status = StatusSucceeded // failures, if any, are listed with the elements
+}
+
+func (st *StepState) failedElements() int {
+	n := 0
+	for _, el := range st.Elements {
+		if el.Status == StatusFailed || el.Status == StatusCancelled {
+			n++
+		}
+	}
+	return n
+}
+
+// failFast cancels a fan-out's running elements and drops its waiting ones.
+func (r *Run) failFast(name string, st *StepState, acts *Actions) {
+	for i := range st.Elements {
+		el := &st.Elements[i]
+		switch el.Status {
+		case StatusRunning:
+			acts.Cancel = append(acts.Cancel, protocol.WorkflowStepJobID(r.ID, name, i, el.Round))
+			el.Status, el.Error = StatusCancelled, "fail_fast: another element failed"
+		case StatusWaiting:
+			el.Status, el.Error = StatusCancelled, "fail_fast: another element failed"
+		}
+	}
+}
+
+// scope is what a step's templates read: the run, its input, the outcomes
+// of the steps upstream and, in a fan-out, the element.
+func (r *Run) scope(s protocol.WorkflowStep, inFanOut bool, item any, index int) protocol.WorkflowScope {
+	var input any
+	_ = json.Unmarshal(r.Input, &input) // validated by Start
+	sc := protocol.WorkflowScope{RunID: r.ID, Workflow: r.Workflow, Input: input, InFanOut: inFanOut, Item: item,
+		Index: index, Steps: map[string]protocol.WorkflowStepOutcome{}}
+	for name := range r.Def.Upstream(s.Name) {
+		sc.Steps[name] = r.outcomeOf(name)
+	}
+	return sc
+}
+
+func (r *Run) outcomeOf(name string) protocol.WorkflowStepOutcome {
+	st := r.Steps[name]
+	out := protocol.WorkflowStepOutcome{Error: st.Error}
+	if st.Items != nil {
+		out.Succeeded, out.Failed = []protocol.WorkflowElementResult{}, []protocol.WorkflowElementFailure{}
+	}
+	if len(st.Result) > 0 {
+		_ = json.Unmarshal(st.Result, &out.Result) // a result is a JSON document (docs/protocol.md §3.10)
+	}
+	for i, el := range st.Elements {
+		var item, result any
+		_ = json.Unmarshal(st.Items[i], &item)
+		switch el.Status {
+		case StatusSucceeded:
+			if len(el.Result) > 0 {
+				_ = json.Unmarshal(el.Result, &result)
+			}
+			out.Succeeded = append(out.Succeeded, protocol.WorkflowElementResult{Index: i, Item: item, Result: result})
+		case StatusFailed, StatusCancelled:
+			out.Failed = append(out.Failed, protocol.WorkflowElementFailure{Index: i, Item: item, Error: el.Error})
+		}
+	}
+	return out
+}
+
+func (r *Run) job(s protocol.WorkflowStep, element, round int, sc protocol.WorkflowScope) (Job, error) {
+	payload, err := protocol.RenderWorkflowInput(s.Input, sc)
+	if err != nil {
+		return Job{}, fmt.Errorf("input: %w", err)
+	}
+	job := Job{ID: protocol.WorkflowStepJobID(r.ID, s.Name, element, round), Step: s.Name, Element: element,
+		Queue: s.QueueOrDefault(), Kind: s.Kind, Payload: payload, Attempts: s.Attempts}
+	job.Timeout, _ = time.ParseDuration(s.Timeout) // validated with the definition
+	for _, b := range s.Backoff {
+		d, _ := time.ParseDuration(b)
+		job.Backoff = append(job.Backoff, d)
+	}
+	return job, nil
+}
+
+// parseJobID splits a step job id of this run: wf:<run>:<step>[:<element>][~<round>].
+func (r *Run) parseJobID(jobID string) (step string, element, round int, err error) {
+	prefix := "wf:" + r.ID + ":"
+	rest, ok := strings.CutPrefix(jobID, prefix)
+	if !ok {
+		return "", 0, 0, fmt.Errorf("job %s is not a job of run %s", jobID, r.ID)
+	}
+	if base, n, ok := strings.Cut(rest, "~"); ok {
+		if round, err = strconv.Atoi(n); err != nil || round <= 0 {
+			return "", 0, 0, fmt.Errorf("job %s: bad round %q", jobID, n)
+		}
+		rest = base
+	}
+	step, el, isElement := strings.Cut(rest, ":")
+	element = -1
+	if isElement {
+		if element, err = strconv.Atoi(el); err != nil || element < 0 {
+			return "", 0, 0, fmt.Errorf("job %s: bad element %q", jobID, el)
+		}
+	}
+	def, ok := r.Def.Step(step)
+	switch {
+	case !ok:
+		return "", 0, 0, fmt.Errorf("job %s: run %s has no step %q", jobID, r.ID, step)
+	case def.IsFanOut() != isElement:
+		return "", 0, 0, fmt.Errorf("job %s: step %s is %s", jobID, step, map[bool]string{true: "a fan-out", false: "not a fan-out"}[def.IsFanOut()])
+	}
+	return step, element, round, nil
+}
+
+// StepNames returns the run's steps in definition order.
+func (r *Run) StepNames() []string {
+	names := make([]string, 0, len(r.Def.Steps))
+	for _, s := range r.Def.Steps {
+		names = append(names, s.Name)
+	}
+	return slices.Clip(names)
+}
