@@ -43,12 +43,14 @@ var figures = map[string][]string{
 		"high_enqueue_to_start_p99_idle", "low_drain_rate"},
 }
 
-// durabilityFigures are the durability scenario's figures: four for each
-// setting, and ratios across them.
+// durabilityFigures are the durability scenario's figures: rates, ratios
+// and store writes per job for each setting, and ratios across them.
 func durabilityFigures() []string {
 	out := []string{"enqueue_ratio_always_default", "end_to_end_ratio_always_default", "end_to_end_ratio_r3_always_default"}
 	for _, setting := range []string{"default_sync", "sync_always", "r3_sync_always"} {
-		for _, name := range []string{"enqueue_rate", "end_to_end_rate_raw", "end_to_end_rate", "end_to_end_ratio"} {
+		for _, name := range []string{"enqueue_rate", "end_to_end_rate_raw", "end_to_end_rate", "end_to_end_ratio",
+			"writes_per_job_raw", "writes_per_job", "writes_per_job_jobs", "writes_per_job_acks", "writes_per_job_events",
+			"writes_per_job_kv"} {
 			out = append(out, name+"_"+setting)
 		}
 	}
@@ -93,7 +95,20 @@ func TestSmoke(t *testing.T) {
 	assert.LessOrEqual(t, fig(bench.ScenarioRescue, "rescue_running"), fig(bench.ScenarioRescue, "rescue_complete"))
 	assert.Positive(t, fig(bench.ScenarioFailover, "failover_next_fire"))
 	for _, name := range figures[bench.ScenarioDurability] {
+		if strings.HasPrefix(name, "writes_per_job_kv") {
+			assert.GreaterOrEqual(t, fig(bench.ScenarioDurability, name), 0.0, name) // heartbeats, if one fell in the phase
+			continue
+		}
 		assert.Positive(t, fig(bench.ScenarioDurability, name), name)
+	}
+	// Store writes are counted, not timed: each job is stored once and
+	// removed once, and has one event (succeeded: a no-op job ends before
+	// agent.started_event_after) — a resent event stored twice would show here.
+	for _, setting := range []string{"default_sync", "sync_always", "r3_sync_always"} {
+		assert.InDelta(t, 1.0, fig(bench.ScenarioDurability, "writes_per_job_jobs_"+setting), 1e-9, setting)
+		assert.InDelta(t, 1.0, fig(bench.ScenarioDurability, "writes_per_job_acks_"+setting), 1e-9, setting)
+		assert.InDelta(t, 1.0, fig(bench.ScenarioDurability, "writes_per_job_events_"+setting), 1e-9, setting)
+		assert.InDelta(t, 2.0, fig(bench.ScenarioDurability, "writes_per_job_raw_"+setting), 0.5, setting)
 	}
 	assert.Positive(t, fig(bench.ScenarioDelayed, "delayed_store_rate"))
 	assert.GreaterOrEqual(t, fig(bench.ScenarioDelayed, "due_to_start_p50"), 0.0, "a delayed job never starts before it is due")

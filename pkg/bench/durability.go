@@ -54,23 +54,36 @@ var (
 // durability measures one run, for each setting on servers of its own:
 // jetfleet's enqueue rate, then the end-to-end rates of raw JetStream
 // (DoubleAck, as in throughput) and of jetfleet agents, mirrored (raw,
-// jetfleet, jetfleet, raw), and their ratio.
+// jetfleet, jetfleet, raw), their ratio, and the store writes per job of
+// each (writes.go).
 func (b *bencher) durability(ctx context.Context, run int) error {
 	enq := make([]float64, len(durabilitySettings))
 	e2e := make([]float64, len(durabilitySettings))
 	for i, s := range durabilitySettings {
-		var raw float64
-		var err error
-		enq[i], raw, e2e[i], err = b.durabilityRun(ctx, s)
+		res, err := b.durabilityRun(ctx, s)
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.label, err)
 		}
-		b.record(ScenarioDurability, s.figure("enqueue_rate", "enqueue", UnitRate, nil), enq[i])
-		b.record(ScenarioDurability, s.figure("end_to_end_rate_raw", "end to end, raw", UnitRate, nil), raw)
-		b.record(ScenarioDurability, s.figure("end_to_end_rate", "end to end, jetfleet", UnitRate, nil), e2e[i])
-		b.record(ScenarioDurability, s.figure("end_to_end_ratio", "end to end, jetfleet / raw", UnitRatio, s.target), e2e[i]/raw)
-		b.progress("durability run %d, %s: end to end %s jobs/s, raw %s jobs/s (%.2f×)", run, s.label,
-			formatValue(e2e[i], UnitRate), formatValue(raw, UnitRate), e2e[i]/raw)
+		enq[i], e2e[i] = res.enqueue, res.jetfleet
+		b.record(ScenarioDurability, s.figure("enqueue_rate", "enqueue", UnitRate, nil), res.enqueue)
+		b.record(ScenarioDurability, s.figure("end_to_end_rate_raw", "end to end, raw", UnitRate, nil), res.raw)
+		b.record(ScenarioDurability, s.figure("end_to_end_rate", "end to end, jetfleet", UnitRate, nil), res.jetfleet)
+		b.record(ScenarioDurability, s.figure("end_to_end_ratio", "end to end, jetfleet / raw", UnitRatio, s.target), res.jetfleet/res.raw)
+		b.record(ScenarioDurability, s.figure("writes_per_job_raw", "store writes per job, raw", UnitWrites, nil), res.rawWrites.total())
+		b.record(ScenarioDurability, s.figure("writes_per_job", "store writes per job, jetfleet", UnitWrites, nil), res.ourWrites.total())
+		for _, part := range []struct {
+			key, label string
+			v          float64
+		}{
+			{"writes_per_job_jobs", "JOBS appends", res.ourWrites.jobsAppends},
+			{"writes_per_job_acks", "JOBS acks (removal tombstones)", res.ourWrites.jobsAcks},
+			{"writes_per_job_events", "EVENTS appends", res.ourWrites.events},
+			{"writes_per_job_kv", "key-value writes (heartbeats, leases, …)", res.ourWrites.keyValue},
+		} {
+			b.record(ScenarioDurability, s.figure(part.key, "store writes per job, jetfleet: "+part.label, UnitWrites, nil), part.v)
+		}
+		b.progress("durability run %d, %s: end to end %s jobs/s, raw %s jobs/s (%.2f×); jetfleet %s, raw %s", run, s.label,
+			formatValue(res.jetfleet, UnitRate), formatValue(res.raw, UnitRate), res.jetfleet/res.raw, res.ourWrites, res.rawWrites)
 	}
 	b.record(ScenarioDurability, figDurEnqRatio, enq[1]/enq[0])
 	b.record(ScenarioDurability, figDurE2ERatio, e2e[1]/e2e[0])
@@ -78,35 +91,44 @@ func (b *bencher) durability(ctx context.Context, run int) error {
 	return nil
 }
 
+// durabilityResult is one setting's run.
+type durabilityResult struct {
+	enqueue, raw, jetfleet float64
+	rawWrites, ourWrites   storeWrites
+}
+
 // durabilityRun runs the phases of one setting on a server (or cluster)
 // of its own: jetfleet's enqueue rate, and raw JetStream's and jetfleet's
-// end-to-end rates.
-func (b *bencher) durabilityRun(ctx context.Context, s durabilitySetting) (enq, raw, jetfleet float64, err error) {
+// end-to-end rates with their writes per job (those of the last of the
+// two mirrored phases of each).
+func (b *bencher) durabilityRun(ctx context.Context, s durabilitySetting) (durabilityResult, error) {
+	var res durabilityResult
 	rs, err := b.open(ctx, s.opts)
 	if err != nil {
-		return 0, 0, 0, err
+		return res, err
 	}
 	defer rs.close(ctx)
-	tp := &throughputRun{b: b, rs: rs, n: b.cfg.DurabilityJobs, payload: workload.Payload(b.cfg.PayloadSize)}
+	tp := &throughputRun{b: b, rs: rs, n: b.cfg.DurabilityJobs, payload: workload.Payload(b.cfg.PayloadSize), countWrites: true}
 	if s.opts.syncAlways {
 		tp.perJob = syncedPerJob
 	}
 	if err := tp.setup(); err != nil {
-		return 0, 0, 0, err
+		return res, err
 	}
 	publishQ := rs.queue("publish")
-	if enq, err = tp.enqueue(ctx, "jetfleet", tp.jobMsg(publishQ)); err != nil {
-		return 0, 0, 0, err
+	if res.enqueue, err = tp.enqueue(ctx, "jetfleet", tp.jobMsg(publishQ)); err != nil {
+		return res, err
 	}
 	if err := tp.purge(ctx, publishQ); err != nil { // nothing consumes them
-		return 0, 0, 0, err
+		return res, err
 	}
 	rates, err := mirrored([]rateLine{
 		{name: "raw", rate: func() (float64, error) { return tp.rawRate(ctx, rs.queue("raw"), true, false) }},
 		{name: "jetfleet", rate: func() (float64, error) { return tp.agentRate(ctx, rs.queue("jobs"), true) }},
 	})
 	if err != nil {
-		return 0, 0, 0, err
+		return res, err
 	}
-	return enq, rates[0], rates[1], nil
+	res.raw, res.jetfleet, res.rawWrites, res.ourWrites = rates[0], rates[1], tp.rawWrites, tp.agentWrites
+	return res, nil
 }

@@ -22,6 +22,9 @@ const (
 	UnitUs    = "µs"
 	UnitS     = "s"
 	UnitBytes = "B"
+	// UnitWrites counts stored messages and removal tombstones per job
+	// (writes.go).
+	UnitWrites = "writes/job"
 )
 
 // Report is the outcome of a bench: every figure over the runs, and what

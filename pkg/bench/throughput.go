@@ -177,6 +177,10 @@ type throughputRun struct {
 	// perJob is the time a phase allows per job beyond its first minute.
 	// Defaults to phaseTimeout's (2 ms).
 	perJob time.Duration
+	// countWrites makes each phase tally the streams' writes per job into
+	// rawWrites and agentWrites (the durability scenario's figures).
+	countWrites            bool
+	rawWrites, agentWrites storeWrites
 }
 
 // timeout bounds one phase of the run.
@@ -262,6 +266,10 @@ func (tp *throughputRun) rawRate(ctx context.Context, queue string, produce, wit
 		return 0, err
 	}
 	defer raw.stop()
+	tally, err := tp.tally(ctx, js)
+	if err != nil {
+		return 0, err
+	}
 	runtime.GC()
 	var start time.Time
 	if produce {
@@ -283,6 +291,9 @@ func (tp *throughputRun) rawRate(ctx context.Context, queue string, produce, wit
 		return 0, err
 	}
 	if err := waitQueueEmpty(ctx, js, queue); err != nil {
+		return 0, err
+	}
+	if tp.rawWrites, err = tally.writes(ctx, tp.n); err != nil {
 		return 0, err
 	}
 	return rate(tp.n, end.Sub(start)), nil
@@ -311,6 +322,10 @@ func (tp *throughputRun) agentRate(ctx context.Context, queue string, produce bo
 	if err != nil {
 		return 0, err
 	}
+	tally, err := tp.tally(ctx, js)
+	if err != nil {
+		return 0, err
+	}
 	runtime.GC()
 	var start time.Time
 	if produce {
@@ -336,6 +351,10 @@ func (tp *throughputRun) agentRate(ctx context.Context, queue string, produce bo
 	end := time.Now()
 	if err := fleet.stop(ctx); err != nil {
 		return 0, fmt.Errorf("stop agents: %w", err)
+	}
+	// After Stop: the agents' last events and acks are stored.
+	if tp.agentWrites, err = tally.writes(ctx, tp.n); err != nil {
+		return 0, err
 	}
 	return rate(tp.n, end.Sub(start)), nil
 }
