@@ -72,11 +72,26 @@ const (
 )
 
 // Bounds of a definition: a definition is one key-value entry, and a run's
-// state holds one record per step.
+// state holds one record per step. Step names and run ids are shorter than
+// other tokens so that the longest step job id,
+// wf:<run>:<step>:<element>~<round>, stays within MaxJobIDLength.
 const (
-	MaxWorkflowSteps   = 100
-	MaxWorkflowDefSize = 256 << 10
+	MaxWorkflowSteps      = 100
+	MaxWorkflowDefSize    = 256 << 10
+	MaxWorkflowNameLength = 64
 )
+
+// ValidateWorkflowName checks a workflow, step or run name: a token
+// (ValidateToken) of at most MaxWorkflowNameLength characters.
+func ValidateWorkflowName(what, s string) error {
+	if err := ValidateToken(what, s); err != nil {
+		return err
+	}
+	if len(s) > MaxWorkflowNameLength {
+		return fmt.Errorf("invalid %s %q: at most %d characters", what, s, MaxWorkflowNameLength)
+	}
+	return nil
+}
 
 // ParseWorkflowDefinition decodes and validates a definition; unknown fields
 // are refused, and every error names the step and the field.
@@ -115,7 +130,7 @@ func (d *WorkflowDefinition) Step(name string) (WorkflowStep, bool) {
 // steps upstream of it. Errors name the step and the field.
 func (d *WorkflowDefinition) Validate() error {
 	var errs []error
-	if err := ValidateToken("workflow name", d.Name); err != nil {
+	if err := ValidateWorkflowName("workflow name", d.Name); err != nil {
 		errs = append(errs, fmt.Errorf("name: %w", err))
 	}
 	switch {
@@ -150,7 +165,12 @@ func (d *WorkflowDefinition) Validate() error {
 			}
 		}
 		check("input", s.Input)
-		check("for_each", s.ForEach)
+		// The list is built before there is an element: for_each reads no item.
+		listStep := s
+		listStep.ForEach = nil
+		if err := validateTemplates(s.ForEach, listStep, upstream, d); err != nil {
+			errs = append(errs, fmt.Errorf("step %s: for_each: %w", s.Name, err))
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -165,7 +185,7 @@ func stepLabel(i int, name string) string {
 // validateFields checks one step on its own; steps holds every step name.
 func (s WorkflowStep) validateFields(steps map[string]bool) []error {
 	var errs []error
-	if err := ValidateToken("step name", s.Name); err != nil {
+	if err := ValidateWorkflowName("step name", s.Name); err != nil {
 		errs = append(errs, fmt.Errorf("name: %w", err))
 	}
 	if err := ValidateToken("kind", s.Kind); err != nil {

@@ -250,8 +250,20 @@ func RenderForEach(raw json.RawMessage, scope WorkflowScope) ([]any, error) {
 	if !ok {
 		return nil, fmt.Errorf("for_each is %s, not a list", jsonType(v))
 	}
-	return list, nil
+	root, err := scope.root()
+	if err != nil {
+		return nil, err
+	}
+	rendered, err := render(list, root) // a literal list's elements may hold templates
+	if err != nil {
+		return nil, err
+	}
+	return rendered.([]any), nil
 }
+
+// DecodeJSON decodes a JSON value as templates see it: numbers stay
+// json.Number, so that an integer passes through a render exactly.
+func DecodeJSON(raw []byte) (any, error) { return decodeJSON(raw) }
 
 // root is the scope as one decoded JSON tree, the shape paths walk.
 func (s WorkflowScope) root() (map[string]any, error) {

@@ -66,6 +66,8 @@ func TestWorkflowDefinitionErrorsNameTheStepAndTheField(t *testing.T) {
 		"result of a fan-out": {`{"name":"w","steps":[{"name":"a","kind":"k","for_each":[1,2]},
 			{"name":"b","kind":"k","depends_on":["a"],"input":"{{steps.a.result}}"}]}`,
 			[]string{"step b: input: {{steps.a.result}}:", "is a fan-out"}},
+		"item in for_each": {`{"name":"w","steps":[{"name":"a","kind":"k","for_each":"{{item.files}}"}]}`,
+			[]string{"step a: for_each: {{item.files}}: item exists only in a fan-out step"}},
 		"unknown root": {`{"name":"w","steps":[{"name":"a","kind":"k","input":"{{env.HOME}}"}]}`,
 			[]string{`{{env.HOME}}: "env" is not input, run, item, index or steps`}},
 		"unclosed template": {`{"name":"w","steps":[{"name":"a","kind":"k","input":"{{input.x"}]}`,

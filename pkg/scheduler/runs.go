@@ -402,24 +402,32 @@ func (s *Scheduler) cancelRun(prev run, newer string) {
 	})
 }
 
-// sendCancel asks agentID to cancel jobID (docs/protocol.md §3.6).
 // sendCancelPatiently asks again while the agent does not answer in time: a
 // loaded agent's control subscription may lag behind, and giving up leaves
-// the previous run where it is.
+// the previous run where it is. An agent that answers a later try that it
+// does not hold the run most likely cancelled it on an earlier try whose
+// answer came too late: that counts as cancelled, so that the run is not
+// also removed from JOBS and recorded as skipped.
 func (s *Scheduler) sendCancelPatiently(ctx context.Context, agentID, jobID string) error {
+	unanswered := false
 	for {
 		try, cancel := context.WithTimeout(ctx, cancelAnswerTimeout)
 		err := s.sendCancel(try, agentID, jobID)
 		cancel()
-		if !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+		switch {
+		case unanswered && errors.Is(err, protocol.Code(protocol.CodeNotFound)):
+			return nil
+		case !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil:
 			return err
 		}
+		unanswered = true
 	}
 }
 
 // cancelAnswerTimeout bounds one wait for an agent's answer to a cancel.
 const cancelAnswerTimeout = 2 * time.Second
 
+// sendCancel asks agentID to cancel jobID (docs/protocol.md §3.6).
 func (s *Scheduler) sendCancel(ctx context.Context, agentID, jobID string) error {
 	cmd, err := protocol.Marshal(&jetfleetpb.AgentCommand{Action: protocol.CommandCancel, JobId: jobID,
 		Reason: "cancel_previous: a newer run of the schedule started"})

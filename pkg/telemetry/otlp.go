@@ -78,10 +78,13 @@ func newOTLPExporter(getenv func(string) string) (*otlpExporter, error) {
 	}
 	if name, v := lookup("HEADERS"); name != "" {
 		for pair := range strings.SplitSeq(v, ",") {
+			if strings.TrimSpace(pair) == "" {
+				continue // "a=1," as some tools write it
+			}
 			key, value, ok := strings.Cut(pair, "=")
 			key = strings.TrimSpace(key)
-			if !ok || key == "" {
-				return nil, fmt.Errorf("%s: %q is not key=value", name, pair)
+			if !ok || !validHeaderName(key) {
+				return nil, fmt.Errorf("%s: %q is not key=value with a valid header name", name, pair)
 			}
 			decoded, err := url.PathUnescape(strings.TrimSpace(value))
 			if err != nil {
@@ -112,6 +115,23 @@ func newOTLPExporter(getenv func(string) string) (*otlpExporter, error) {
 	transport.TLSClientConfig = tlsConfig
 	e.client = &http.Client{Transport: transport}
 	return e, nil
+}
+
+// validHeaderName reports whether key is an HTTP header name (RFC 9110
+// token): a bad one would fail every export, not Setup.
+func validHeaderName(key string) bool {
+	if key == "" {
+		return false
+	}
+	for _, c := range []byte(key) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // otlpTLS reads the CA and client certificate files; nil when none is set.
@@ -169,24 +189,25 @@ func (e *otlpExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnl
 	defer cancel()
 	backoff := 100 * time.Millisecond
 	for {
-		retry, err := e.post(ctx, body)
+		retry, after, err := e.post(ctx, body)
 		if err == nil || !retry {
 			return err
 		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("otlp: %w (last: %w)", ctx.Err(), err)
-		case <-time.After(backoff):
+		case <-time.After(max(backoff, after)):
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}
 }
 
-// post sends body once and says whether a failure is worth another try.
-func (e *otlpExporter) post(ctx context.Context, body []byte) (retry bool, err error) {
+// post sends body once and says whether a failure is worth another try,
+// and how long the endpoint asked to wait first (Retry-After).
+func (e *otlpExporter) post(ctx context.Context, body []byte) (retry bool, after time.Duration, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.url, bytes.NewReader(body))
 	if err != nil {
-		return false, fmt.Errorf("otlp: %w", err)
+		return false, 0, fmt.Errorf("otlp: %w", err)
 	}
 	for k, v := range e.headers {
 		req.Header.Set(k, v)
@@ -197,19 +218,40 @@ func (e *otlpExporter) post(ctx context.Context, body []byte) (retry bool, err e
 	}
 	resp, err := e.client.Do(req)
 	if err != nil {
-		return ctx.Err() == nil, fmt.Errorf("otlp: post %s: %w", e.url, err)
+		// A refused or reset connection, or a name that does not resolve
+		// yet (a collector still starting), may pass; a certificate that
+		// does not verify will not.
+		var certInvalid *tls.CertificateVerificationError
+		var unknownAuthority x509.UnknownAuthorityError
+		var hostname x509.HostnameError
+		permanent := errors.As(err, &certInvalid) || errors.As(err, &unknownAuthority) || errors.As(err, &hostname)
+		return ctx.Err() == nil && !permanent, 0, fmt.Errorf("otlp: post %s: %w", e.url, err)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024)) // for the error only
 	switch {
 	case resp.StatusCode >= 200 && resp.StatusCode < 300:
-		return false, nil
+		return false, 0, nil
 	case resp.StatusCode == http.StatusTooManyRequests, resp.StatusCode == http.StatusBadGateway,
 		resp.StatusCode == http.StatusServiceUnavailable, resp.StatusCode == http.StatusGatewayTimeout:
-		return true, fmt.Errorf("otlp: post %s: %s", e.url, resp.Status)
+		return true, retryAfter(resp.Header.Get("Retry-After")), fmt.Errorf("otlp: post %s: %s", e.url, resp.Status)
 	default:
-		return false, fmt.Errorf("otlp: post %s: %s: %s", e.url, resp.Status, bytes.TrimSpace(msg))
+		return false, 0, fmt.Errorf("otlp: post %s: %s: %s", e.url, resp.Status, bytes.TrimSpace(msg))
 	}
+}
+
+// retryAfter reads a Retry-After header: seconds, or an HTTP date.
+func retryAfter(v string) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if secs, err := strconv.Atoi(v); err == nil && secs > 0 {
+		return time.Duration(secs) * time.Second
+	}
+	if at, err := http.ParseTime(v); err == nil {
+		return max(time.Until(at), 0)
+	}
+	return 0
 }
 
 // Shutdown makes later exports no-ops; batches in flight end on their own.

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -29,6 +30,7 @@ import (
 type otlpReceiver struct {
 	mu       sync.Mutex
 	requests []*http.Request
+	times    []time.Time
 	spans    []*tracepb.ResourceSpans
 	// failFirst answers the first n requests with 503.
 	failFirst int
@@ -38,7 +40,9 @@ func (r *otlpReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.requests = append(r.requests, req)
+	r.times = append(r.times, time.Now())
 	if len(r.requests) <= r.failFirst {
+		w.Header().Set("Retry-After", "1")
 		http.Error(w, "busy", http.StatusServiceUnavailable)
 		return
 	}
@@ -112,12 +116,13 @@ func TestOTLPExporterSendsSpansAsTheProtocolSays(t *testing.T) {
 	t.Cleanup(srv.Close)
 	parent, child := exportThroughSetup(t, map[string]string{
 		"OTEL_EXPORTER_OTLP_ENDPOINT":    srv.URL + "/base/",
-		"OTEL_EXPORTER_OTLP_HEADERS":     "authorization=Bearer%20s3cret, x-tenant = fleet",
+		"OTEL_EXPORTER_OTLP_HEADERS":     "authorization=Bearer%20s3cret, x-tenant = fleet,",
 		"OTEL_EXPORTER_OTLP_COMPRESSION": "gzip",
 	})
 
 	requests, resources := recv.received()
 	require.Len(t, requests, 2, "the 503 is retried")
+	assert.GreaterOrEqual(t, recv.times[1].Sub(recv.times[0]), time.Second, "after the Retry-After it asked for")
 	for _, req := range requests {
 		assert.Equal(t, "/base/v1/traces", req.URL.Path)
 		assert.Equal(t, "application/x-protobuf", req.Header.Get("Content-Type"))
@@ -242,6 +247,8 @@ func TestOTLPSettingsAreCheckedNamingTheVariable(t *testing.T) {
 			"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"},
 		"header without =": {map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://jaeger:4318",
 			"OTEL_EXPORTER_OTLP_HEADERS": "a=1,b"}, "OTEL_EXPORTER_OTLP_HEADERS"},
+		"header name": {map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://jaeger:4318",
+			"OTEL_EXPORTER_OTLP_HEADERS": "x tenant=1"}, "OTEL_EXPORTER_OTLP_HEADERS"},
 		"timeout": {map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://jaeger:4318",
 			"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "10s"}, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"},
 		"compression": {map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://jaeger:4318",

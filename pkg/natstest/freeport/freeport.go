@@ -6,7 +6,9 @@
 // the kernel also hands to outgoing connections: between closing the probe and
 // the server binding, or while a killed process is down before its restart, a
 // client connection may take it ("bind: address already in use"). Ports here
-// come from below that range, where only an explicit bind can land.
+// come from below that range, where outgoing connections do not land (other
+// processes binding ports of their own still may: Pick checks that the port
+// is free, and picks at random among thousands).
 package freeport
 
 import (
@@ -40,10 +42,22 @@ var (
 // out before.
 func Pick() (int, error) {
 	highest := ephemeralLow() - 1
-	if highest <= lowest {
-		return 0, fmt.Errorf("freeport: the ephemeral range starts at %d, leaving no ports to pick below it", highest+1)
+	if highest-lowest < 1000 {
+		// A host whose ephemeral range starts low leaves no room below it:
+		// the kernel's pick, as before.
+		return kernelPort()
 	}
 	return pickFrom(func() int { return lowest + rand.IntN(highest-lowest+1) })
+}
+
+// kernelPort is a port the kernel hands out for ":0".
+func kernelPort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("freeport: %w", err)
+	}
+	defer func() { _ = l.Close() }() // only its port was wanted
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // pickFrom tries the candidates next returns.

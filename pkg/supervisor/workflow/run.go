@@ -132,7 +132,7 @@ func Start(def protocol.WorkflowDefinition, runID string, input json.RawMessage)
 	if err := def.Validate(); err != nil {
 		return nil, Actions{}, err
 	}
-	if err := protocol.ValidateToken("run id", runID); err != nil {
+	if err := protocol.ValidateWorkflowName("run id", runID); err != nil {
 		return nil, Actions{}, err
 	}
 	if len(input) == 0 {
@@ -175,7 +175,7 @@ func (r *Run) JobEnded(jobID string, out Outcome) (Actions, error) {
 		return acts, nil
 	}
 	if element >= len(st.Elements) {
-		return acts, fmt.Errorf("job %s: step %s has %d elements", jobID, step, len(st.Elements))
+		return acts, nil // an element of an earlier round's list, since reset
 	}
 	el := &st.Elements[element]
 	if el.Status != StatusRunning || el.Round != round {
@@ -261,11 +261,14 @@ func (r *Run) RetryFailed() (Actions, error) {
 			}
 		}
 		switch {
+		case downstream:
+			// What it read may change: it runs again from its start.
+			*st = StepState{Status: StatusWaiting}
 		case retried[s.Name] && s.IsFanOut() && st.Items != nil:
 			// Its list stands, and so do its elements that succeeded; the
 			// failed ones wait to go out again.
 			st.Status, st.Round, st.Error = StatusRunning, r.Round, ""
-		case retried[s.Name] || downstream:
+		case retried[s.Name]:
 			*st = StepState{Status: StatusWaiting}
 		}
 	}
@@ -279,17 +282,18 @@ func (r *Run) RetryFailed() (Actions, error) {
 	return acts, nil
 }
 
-// Failures lists what failed in the run so far.
+// Failures lists what failed in the run so far: steps and elements that
+// failed or were cancelled (a job cancelled on its own, or by fail_fast).
 func (r *Run) Failures() Failures {
 	var f Failures
 	for _, s := range r.Def.Steps {
 		st := r.Steps[s.Name]
 		for i, el := range st.Elements {
-			if el.Status == StatusFailed {
+			if el.Status == StatusFailed || el.Status == StatusCancelled {
 				f.Elements = append(f.Elements, ElementFailure{Step: s.Name, Index: i, Item: st.Items[i], Error: el.Error})
 			}
 		}
-		if st.Status == StatusFailed {
+		if st.Status == StatusFailed || st.Status == StatusCancelled {
 			f.Steps = append(f.Steps, StepFailure{Step: s.Name, Error: st.Error})
 		}
 	}
@@ -346,7 +350,8 @@ func (r *Run) condition(s protocol.WorkflowStep) (run, forFailure bool) {
 	failedUpstream, allSucceeded := false, true
 	for _, dep := range s.DependsOn {
 		st := r.Steps[dep]
-		if st.Status == StatusFailed || (st.Status == StatusSkipped && st.SkippedForFailure) || st.failedElements() > 0 {
+		if st.Status == StatusFailed || st.Status == StatusCancelled || (st.Status == StatusSkipped && st.SkippedForFailure) ||
+			st.failedElements() > 0 {
 			failedUpstream = true // a fan-out that went on past failed elements counts for on_failure steps
 		}
 		if st.Status != StatusSucceeded {
@@ -423,8 +428,7 @@ func (r *Run) fillFanOut(name string, st *StepState, acts *Actions) {
 		if el.Status != StatusWaiting {
 			continue
 		}
-		var item any
-		_ = json.Unmarshal(st.Items[i], &item) // marshalled by startStep
+		item, _ := protocol.DecodeJSON(st.Items[i]) // marshalled by startStep
 		job, err := r.job(s, i, r.Round, r.scope(s, true, item, i))
 		if err != nil {
 			el.Status, el.Error = StatusFailed, err.Error()
@@ -484,8 +488,7 @@ func (r *Run) failFast(name string, st *StepState, acts *Actions) {
 // scope is what a step's templates read: the run, its input, the outcomes
 // of the steps upstream and, in a fan-out, the element.
 func (r *Run) scope(s protocol.WorkflowStep, inFanOut bool, item any, index int) protocol.WorkflowScope {
-	var input any
-	_ = json.Unmarshal(r.Input, &input) // validated by Start
+	input, _ := protocol.DecodeJSON(r.Input) // validated by Start
 	sc := protocol.WorkflowScope{RunID: r.ID, Workflow: r.Workflow, Input: input, InFanOut: inFanOut, Item: item,
 		Index: index, Steps: map[string]protocol.WorkflowStepOutcome{}}
 	for name := range r.Def.Upstream(s.Name) {
@@ -501,15 +504,15 @@ func (r *Run) outcomeOf(name string) protocol.WorkflowStepOutcome {
 		out.Succeeded, out.Failed = []protocol.WorkflowElementResult{}, []protocol.WorkflowElementFailure{}
 	}
 	if len(st.Result) > 0 {
-		_ = json.Unmarshal(st.Result, &out.Result) // a result is a JSON document (docs/protocol.md §3.10)
+		out.Result, _ = protocol.DecodeJSON(st.Result) // a result is a JSON document (docs/protocol.md §3.10)
 	}
 	for i, el := range st.Elements {
-		var item, result any
-		_ = json.Unmarshal(st.Items[i], &item)
+		item, _ := protocol.DecodeJSON(st.Items[i])
+		var result any
 		switch el.Status {
 		case StatusSucceeded:
 			if len(el.Result) > 0 {
-				_ = json.Unmarshal(el.Result, &result)
+				result, _ = protocol.DecodeJSON(el.Result)
 			}
 			out.Succeeded = append(out.Succeeded, protocol.WorkflowElementResult{Index: i, Item: item, Result: result})
 		case StatusFailed, StatusCancelled:

@@ -260,8 +260,84 @@ func TestFailFastCancelsTheRestAndSkipsWhatDependsOnSuccess(t *testing.T) {
 	assert.Len(t, f.payloads["cleanup"], 1)
 	require.Len(t, f.alerts, 1)
 	assert.Equal(t, []StepFailure{{Step: "fan", Error: "1 of 10 elements failed, the rest cancelled (fail_fast)"}}, f.alerts[0].Steps)
-	require.Len(t, f.alerts[0].Elements, 1)
+	require.Len(t, f.alerts[0].Elements, 9, "the failed element and the eight that fail_fast cancelled")
 	assert.Equal(t, "boom", f.alerts[0].Elements[0].Error)
+	assert.Equal(t, "fail_fast: another element failed", f.alerts[0].Elements[8].Error)
+}
+
+func TestAJobCancelledOnItsOwnFailsTheRun(t *testing.T) {
+	def := parse(t, `{"name":"c","steps":[{"name":"a","kind":"k"},{"name":"b","kind":"k","depends_on":["a"]},
+		{"name":"undo","kind":"k","depends_on":["a"],"when":"on_failure"}]}`)
+	run, acts, err := Start(def, "x1", nil)
+	require.NoError(t, err)
+	acts, err = run.JobEnded(acts.Publish[0].ID, Outcome{Status: StatusCancelled, Error: "cancelled by alice"})
+	require.NoError(t, err)
+	require.Len(t, acts.Publish, 1)
+	assert.Equal(t, "undo", acts.Publish[0].Step, "a cancelled step counts as a failure for on_failure steps")
+	acts, err = run.JobEnded(acts.Publish[0].ID, Outcome{Status: StatusSucceeded})
+	require.NoError(t, err)
+	assert.True(t, acts.Ended)
+	assert.Equal(t, StatusFailed, run.Status)
+	require.NotNil(t, acts.Alert)
+	assert.Equal(t, []StepFailure{{Step: "a", Error: "cancelled by alice"}}, acts.Alert.Steps)
+}
+
+func TestRetryRunsADownstreamFanOutAgainFromItsList(t *testing.T) {
+	def := parse(t, `{"name":"two","steps":[
+		{"name":"a","kind":"k","for_each":[0,1,2]},
+		{"name":"b","kind":"k","depends_on":["a"],"for_each":"{{steps.a.succeeded}}","input":"{{item.index}}"}]}`)
+	run, acts, err := Start(def, "t1", nil)
+	require.NoError(t, err)
+	round := 0
+	f := newFleet(t, run, acts, func(j Job) Outcome {
+		if j.Step == "a" && j.Element == 2 && round == 0 {
+			return Outcome{Status: StatusFailed, Error: "x"}
+		}
+		return Outcome{Status: StatusSucceeded}
+	})
+	f.drain()
+	require.Len(t, f.payloads["b"], 2, "b over a's two successes")
+	assert.Equal(t, StatusFailed, f.run.Status)
+
+	round = 1
+	acts, err = f.run.RetryFailed()
+	require.NoError(t, err)
+	require.Len(t, acts.Publish, 1, "a's failed element only; b waits for a")
+	assert.Equal(t, "a", acts.Publish[0].Step)
+	f.apply(acts)
+	f.drain()
+	assert.Equal(t, StatusSucceeded, f.run.Status)
+	require.Len(t, f.payloads["b"], 5, "b runs again over all three of a's elements")
+	assert.JSONEq(t, "2", string(f.payloads["b"][4]))
+
+	stale, err := f.run.JobEnded(protocol.WorkflowStepJobID("t1", "b", 7, 0), Outcome{Status: StatusFailed})
+	require.NoError(t, err, "an element of an earlier list is ignored")
+	assert.Empty(t, stale.Publish)
+}
+
+func TestNumbersPassThroughExactly(t *testing.T) {
+	def := parse(t, `{"name":"n","steps":[{"name":"a","kind":"k","input":{"id":"{{input.id}}"}},
+		{"name":"b","kind":"k","depends_on":["a"],"input":"{{steps.a.result.big}}"},
+		{"name":"c","kind":"k","for_each":["{{input.id}}", 2],"input":"{{item}}"}]}`)
+	run, acts, err := Start(def, "n1", json.RawMessage(`{"id":9007199254740993}`))
+	require.NoError(t, err)
+	require.Len(t, acts.Publish, 3)
+	assert.JSONEq(t, `{"id":9007199254740993}`, string(acts.Publish[0].Payload))
+	assert.JSONEq(t, `9007199254740993`, string(acts.Publish[1].Payload), "a literal list's templates are rendered")
+	acts, err = run.JobEnded(acts.Publish[0].ID, Outcome{Status: StatusSucceeded, Result: json.RawMessage(`{"big":18014398509481985}`)})
+	require.NoError(t, err)
+	require.Len(t, acts.Publish, 1)
+	assert.Equal(t, "18014398509481985", string(acts.Publish[0].Payload))
+}
+
+func TestLongNamesAreRefusedSoThatJobIDsFit(t *testing.T) {
+	long := strings.Repeat("s", protocol.MaxWorkflowNameLength+1)
+	_, err := protocol.ParseWorkflowDefinition([]byte(`{"name":"w","steps":[{"name":"` + long + `","kind":"k"}]}`))
+	assert.ErrorContains(t, err, "at most 64 characters")
+	_, _, err = Start(parse(t, nightly), long, nil)
+	assert.ErrorContains(t, err, "invalid run id")
+	longest := protocol.WorkflowStepJobID(strings.Repeat("r", 64), strings.Repeat("s", 64), 1<<31, 1<<31)
+	require.NoError(t, protocol.ValidateJobID(longest))
 }
 
 func TestAStepWhoseInputCannotBeBuiltFailsWithTheReason(t *testing.T) {
