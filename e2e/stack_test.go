@@ -27,13 +27,13 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/telemetry"
 	"github.com/jetfleet/jetfleet/pkg/topology"
 )
 
@@ -665,7 +665,13 @@ func httpGet(ctx context.Context, url string) (string, error) {
 // OTLP/HTTP port as it ends.
 func exportToJaeger(t *testing.T, hostPort string) *sdktrace.TracerProvider {
 	t.Helper()
-	exp, err := otlptracehttp.New(t.Context(), otlptracehttp.WithEndpoint(hostPort), otlptracehttp.WithInsecure())
+	endpoint := "http://" + hostPort
+	exp, err := telemetry.NewOTLPSpanExporter(func(name string) string {
+		if name == "OTEL_EXPORTER_OTLP_ENDPOINT" {
+			return endpoint
+		}
+		return ""
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,6 +45,13 @@ type otlpExporter struct {
 	shutdown atomic.Bool
 }
 
+// NewOTLPSpanExporter returns the exporter Setup uses, configured from the
+// OTEL_EXPORTER_OTLP_* variables getenv reads, for a caller that builds its
+// own tracer provider (a test exporting each span as it ends).
+func NewOTLPSpanExporter(getenv func(string) string) (sdktrace.SpanExporter, error) {
+	return newOTLPExporter(getenv)
+}
+
 // otlpDefaultTimeout is the specification's default for one export.
 const otlpDefaultTimeout = 10 * time.Second
 
