@@ -907,7 +907,11 @@ func TestHigherPriorityJobsStartFirst(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var order []string // priorities in start order
-	f.startAgent(t, agent.Config{Concurrency: 4}, func(a *agent.Agent) {
+	// Every priority keeps one slot open for its next job (its probe), and
+	// only the rest are shared by weight: with 4 slots default and low each
+	// got about one, and their medians crossed under CI load. With 16 the
+	// weights decide most starts.
+	f.startAgent(t, agent.Config{Concurrency: 16}, func(a *agent.Agent) {
 		must(t, a.Register("work", func(_ context.Context, job *agent.Job) error {
 			mu.Lock()
 			order = append(order, strings.SplitN(job.ID, "-", 2)[0])
@@ -929,6 +933,8 @@ func TestHigherPriorityJobsStartFirst(t *testing.T) {
 		}
 		return at[len(at)/2]
 	}
+	t.Logf("median start positions of %d: high %d, default %d, low %d", len(order), median(protocol.PriorityHigh),
+		median(protocol.PriorityDefault), median(protocol.PriorityLow))
 	assert.Less(t, median(protocol.PriorityHigh), median(protocol.PriorityDefault), "high before default")
 	assert.Less(t, median(protocol.PriorityDefault), median(protocol.PriorityLow), "default before low")
 	lastHigh := slices.Index(order, protocol.PriorityHigh)
