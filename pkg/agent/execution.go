@@ -248,7 +248,7 @@ func (a *Agent) run(ctx context.Context, job *Job) error {
 	}
 	k := a.kinds[job.Kind]
 	if k == nil {
-		if other := a.fleet.runnerOf(job.Queue, job.Kind); other != "" {
+		if other := a.fleet.confirmedRunnerOf(ctx, job.Queue, job.Kind); other != "" {
 			return a.passOn(ctx, ex, other)
 		}
 		return a.refuse(ctx, ex, protocol.ReasonUnknownKind, protocol.CodeUnknownKind,
