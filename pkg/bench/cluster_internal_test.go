@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -50,9 +51,14 @@ func TestClusterProvisionsR3(t *testing.T) {
 	require.NoError(t, err)
 	cons, err := env.JetStream.Consumer(ctx, protocol.StreamJobs, protocol.QueueConsumer(q))
 	require.NoError(t, err)
-	info, err := cons.Info(ctx)
-	require.NoError(t, err)
-	assert.Equal(t, uint64(1), info.NumPending)
+	// The consumer's leader may be another node than the stream's: its count
+	// of pending messages follows the stored job a moment later (it read 0 in
+	// a CI run). Its info is polled, as no event announces it.
+	var info *jetstream.ConsumerInfo
+	require.Eventually(t, func() bool {
+		info, err = cons.Info(ctx)
+		return err == nil && info.NumPending == 1
+	}, 10*time.Second, 20*time.Millisecond, "the consumer counts the stored job as pending")
 	require.NotNil(t, info.Cluster)
 	assert.Len(t, info.Cluster.Replicas, 2, "the queue's consumer has a replica on each other node")
 
