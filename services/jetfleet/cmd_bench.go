@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -110,6 +112,9 @@ func runBench(ctx context.Context, inv *invocation, b *benchFlags) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if note := devBuildNote(debug.ReadBuildInfo()); note != "" {
+		fmt.Fprintln(os.Stderr, "jetfleet bench: "+note)
+	}
 	report, err := bench.Run(ctx, cfg)
 	if err != nil {
 		if report != nil && len(report.Figures) > 0 {
@@ -119,6 +124,25 @@ func runBench(ctx context.Context, inv *invocation, b *benchFlags) error {
 		return err
 	}
 	return inv.print(benchJSON(report), report.WriteTable)
+}
+
+// devBuildNote warns when the binary was compiled without inlining, as go tool task dev builds it for a quicker
+// first start: the embedded server and the fleet run slower than a release build's, and so do the figures.
+func devBuildNote(info *debug.BuildInfo, ok bool) string {
+	if !ok {
+		return ""
+	}
+	for _, s := range info.Settings {
+		if s.Key != "-gcflags" {
+			continue
+		}
+		_, flags, _ := strings.Cut(s.Value, "=")
+		if slices.Contains(strings.Fields(flags), "-l") {
+			return "this binary was built without inlining (go tool task dev builds it so, to start sooner); " +
+				"its figures are lower than a release build's: measure with go tool task bench or go tool task build's binary"
+		}
+	}
+	return ""
 }
 
 // smokeRequested reports whether args ask for -smoke, before the flags are

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"runtime/debug"
 	"testing"
 	"time"
 
@@ -60,4 +61,16 @@ func TestSmokeRequested(t *testing.T) {
 	assert.True(t, smokeRequested([]string{"--smoke=true", "-v"}))
 	assert.False(t, smokeRequested([]string{"-smoke=false"}))
 	assert.False(t, smokeRequested([]string{"-scenario", "latency"}))
+}
+
+func TestDevBuildNoteNamesABuildWithoutInlining(t *testing.T) {
+	build := func(gcflags string) *debug.BuildInfo {
+		return &debug.BuildInfo{Settings: []debug.BuildSetting{{Key: "-compiler", Value: "gc"}, {Key: "-gcflags", Value: gcflags}}}
+	}
+	// What go version -m shows for go tool task dev's binary: the last of its -gcflags.
+	assert.Contains(t, devBuildNote(build("go.yaml.in/...=-l"), true), "without inlining")
+	assert.Contains(t, devBuildNote(build("all=-N -l"), true), "without inlining")
+	assert.Empty(t, devBuildNote(build("all=-m"), true))
+	assert.Empty(t, devBuildNote(&debug.BuildInfo{}, true), "a default build")
+	assert.Empty(t, devBuildNote(nil, false), "no build information")
 }
