@@ -176,6 +176,31 @@ func TestNATSPermissions(t *testing.T) {
 		})
 	})
 
+	t.Run("client runs a workflow; the supervisor advances it", func(t *testing.T) {
+		c := jetfleet.NewClient(client)
+		_, err := c.AddWorkflowDocument(ctx, []byte(`{"name":"perm-flow","steps":[
+			{"name":"first","kind":"echo"},
+			{"name":"each","kind":"echo","depends_on":["first"],"for_each":[1,2],"input":{"n":"{{item}}"}}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		started, err := c.RunWorkflow(ctx, "perm-flow", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		run, err := c.WaitWorkflowRun(ctx, started.RunID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if run.Status != jetfleet.WorkflowSucceeded {
+			t.Errorf("run %s ended %s, want succeeded: %+v", run.RunID, run.Status, run.Failures)
+		}
+		runs, err := c.WorkflowRuns(ctx, jetfleet.WorkflowRunsRequest{Workflow: "perm-flow"})
+		if err != nil || len(runs) != 1 {
+			t.Errorf("runs of perm-flow: %v, %v", runs, err)
+		}
+	})
+
 	t.Run("scheduler fires through the scheduler API", func(t *testing.T) {
 		def := []byte(`{"id":"perm-tick","spec":{"interval":{"every":"1s"}},"target":{"queue":"default","kind":"echo"}}`)
 		eventually(t, 30*time.Second, 200*time.Millisecond, "schedule added through the API", func() error {
@@ -309,6 +334,9 @@ func TestNATSPermissions(t *testing.T) {
 				return apiCall(ctx, nc, "jetfleet.api.queues.rm", []byte(`{"queue":"default","force":true}`))
 			}},
 			{"read every job", "jobs.>", subscribeProbe(nc, "jobs.>")},
+			{"start a workflow run", "jetfleet.api.workflows.run", func(ctx context.Context) error {
+				return apiCall(ctx, nc, "jetfleet.api.workflows.run", []byte(`{"workflow":"perm-flow"}`))
+			}},
 		}
 		runProbes(t, "dashboard", probes, errs, violations)
 	})

@@ -113,6 +113,18 @@ const (
 
 	APIJobCancel = "jetfleet.api.jobs.cancel"
 
+	// Workflows (docs/workflows.md): definitions (add, get, ls, rm) and
+	// runs (run, runs, run, retry-failed, cancel), served by the supervisor.
+	APIWorkflowAdd         = "jetfleet.api.workflows.add"
+	APIWorkflowGet         = "jetfleet.api.workflows.get"
+	APIWorkflowList        = "jetfleet.api.workflows.ls"
+	APIWorkflowRemove      = "jetfleet.api.workflows.rm"
+	APIWorkflowRun         = "jetfleet.api.workflows.run"
+	APIWorkflowRuns        = "jetfleet.api.workflows.runs"
+	APIWorkflowRunGet      = "jetfleet.api.workflows.runs.get"
+	APIWorkflowRetryFailed = "jetfleet.api.workflows.retry-failed"
+	APIWorkflowCancel      = "jetfleet.api.workflows.cancel"
+
 	APIQueueList   = "jetfleet.api.queues.ls"
 	APIQueueAdd    = "jetfleet.api.queues.add"
 	APIQueueRemove = "jetfleet.api.queues.rm"

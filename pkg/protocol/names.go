@@ -47,6 +47,11 @@ const (
 	// BucketUnique holds the claims of unique jobs and, per job that holds
 	// one, where it is (docs/protocol.md §2.5; unique.go).
 	BucketUnique = "unique"
+	// BucketWorkflows holds the workflow definitions (key: the workflow's
+	// name) and BucketWorkflowRuns the state of every run (key: the run id),
+	// which the supervisor leader advances (docs/workflows.md).
+	BucketWorkflows    = "workflows"
+	BucketWorkflowRuns = "workflow_runs"
 )
 
 // Subject roots and wildcards.

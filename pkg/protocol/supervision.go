@@ -48,6 +48,10 @@ const (
 const (
 	// HeaderCompensates is the id of the failed job a compensating job undoes.
 	HeaderCompensates = "Jetfleet-Compensates"
+	// HeaderWorkflowRun and HeaderWorkflowStep name the run and the step of
+	// a workflow step's job (informative: the job id says the same).
+	HeaderWorkflowRun  = "Jetfleet-Workflow-Run"
+	HeaderWorkflowStep = "Jetfleet-Workflow-Step"
 	// HeaderDeadLetter points at the failed job's dead letter: "DLQ:<sequence>".
 	HeaderDeadLetter = "Jetfleet-Dead-Letter"
 )

@@ -350,6 +350,17 @@ func (s WorkflowStep) QueueOrDefault() string {
 	return s.Queue
 }
 
+// WorkflowRunOfJob returns the run id of a step's job id (WorkflowStepJobID),
+// and false for a job that is not a workflow step's.
+func WorkflowRunOfJob(jobID string) (string, bool) {
+	rest, ok := strings.CutPrefix(jobID, "wf:")
+	if !ok {
+		return "", false
+	}
+	run, _, ok := strings.Cut(rest, ":")
+	return run, ok && run != ""
+}
+
 // WorkflowStepJobID is the job id of a step's job in a run: deterministic,
 // so that a supervisor that takes over mid-run publishes the same ids and
 // JetStream's duplicate window and the job's recorded events keep each

@@ -29,7 +29,7 @@ const ServiceVersion = "0.2.0"
 func (s *Supervisor) serveAPI() (micro.Service, error) {
 	svc, err := micro.AddService(s.nc, micro.Config{
 		Name: protocol.SupervisorService, Version: ServiceVersion,
-		Description: "jetfleet supervisor: dead letters (ls, get, replay, purge), agents, jobs (ls, get, cancel), history, status, queues (ls, add, rm)",
+		Description: "jetfleet supervisor: dead letters (ls, get, replay, purge), agents, jobs (ls, get, cancel), history, status, queues (ls, add, rm), workflows (add, get, ls, rm, run, runs, retry-failed, cancel)",
 		Metadata:    map[string]string{"holder": s.rep.Holder()},
 	})
 	if err != nil {
@@ -42,7 +42,13 @@ func (s *Supervisor) serveAPI() (micro.Service, error) {
 		protocol.APIHistory: s.apiHistory, protocol.APIStatus: s.apiStatus,
 		protocol.APIQueueList: s.apiQueues, protocol.APIQueueAdd: s.apiQueueAdd, protocol.APIQueueRemove: s.apiQueueRemove,
 		protocol.APIJobList: s.apiJobList, protocol.APITrends: s.apiTrends, protocol.APITrendList: s.apiTrendList,
-		protocol.APIJobCancel: s.apiCancel,
+		protocol.APIJobCancel:   s.apiCancel,
+		protocol.APIWorkflowAdd: s.workflows.apiAdd, protocol.APIWorkflowGet: s.workflows.apiGet,
+		protocol.APIWorkflowList: s.workflows.apiList, protocol.APIWorkflowRemove: s.workflows.apiRemove,
+		protocol.APIWorkflowRuns: s.workflows.apiRuns, protocol.APIWorkflowRunGet: s.workflows.apiRunGet,
+		protocol.APIWorkflowRun:         s.workflows.forwarding(opWorkflowRun),
+		protocol.APIWorkflowRetryFailed: s.workflows.forwarding(opWorkflowRetryFailed),
+		protocol.APIWorkflowCancel:      s.workflows.forwarding(opWorkflowCancel),
 	})
 	if err != nil {
 		_ = svc.Stop()

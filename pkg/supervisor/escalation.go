@@ -53,7 +53,9 @@ func (s *Supervisor) escalate(ctx context.Context, m jetstream.Msg) error {
 	defer span.End()
 	scheduleID := h.Get(protocol.HeaderScheduleID)
 	policy := s.cfg.policyFor(dl.GetKind(), scheduleID)
-	if policy.Alert != SeverityNone {
+	// A workflow step's failure is in its run's one alert (workflows.go).
+	_, inWorkflow := protocol.WorkflowRunOfJob(dl.GetJobId())
+	if policy.Alert != SeverityNone && !inWorkflow {
 		summary := fmt.Sprintf("job %s (%s/%s) failed for good: %s", dl.GetJobId(), dl.GetQueue(), dl.GetKind(), dl.GetReason())
 		if e := firstLine(dl.GetLastError()); e != "" {
 			summary += ": " + e

@@ -220,6 +220,9 @@ func (s *Supervisor) handleJobEvent(ctx context.Context, ev *jetfleetpb.JobEvent
 	if err := s.releaseUnique(ctx, ev); err != nil {
 		return err
 	}
+	if err := s.workflows.jobEnded(ctx, ev); err != nil {
+		return fmt.Errorf("workflow: %w", err)
+	}
 	pauseAfter := s.cfg.policyFor(ev.GetKind(), ev.GetScheduleId()).PauseScheduleAfter
 	if sched != nil && sched.GetEventSequence() == seq && pauseDue(sched, pauseAfter) {
 		// The pause follows the stored streak: whoever sees the schedule

@@ -8,6 +8,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
+
+	"github.com/jetfleet/jetfleet/pkg/supervisor/workflow"
 )
 
 // metrics are the supervisor's OpenTelemetry instruments (Prometheus names
@@ -19,6 +21,11 @@ type metrics struct {
 	alerts      metric.Int64Counter
 	webhooks    metric.Int64Counter
 	transitions metric.Int64Counter
+	// Workflows: runs started and ended (by workflow and outcome), step
+	// jobs published, and fan-out elements that failed.
+	workflowRuns     metric.Int64Counter
+	workflowJobs     metric.Int64Counter
+	workflowFailures metric.Int64Counter
 
 	dlqDepth   atomic.Int64
 	agentsLive atomic.Int64
@@ -61,6 +68,18 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 		metric.WithDescription("Circuit breaker transitions, by queue and event (breaker_opened, breaker_closed)")); err != nil {
 		return nil, err
 	}
+	if m.workflowRuns, err = meter.Int64Counter("jetfleet.supervisor.workflow_runs",
+		metric.WithDescription("Workflow runs started and ended, by workflow and event (started, succeeded, failed, cancelled)")); err != nil {
+		return nil, err
+	}
+	if m.workflowJobs, err = meter.Int64Counter("jetfleet.supervisor.workflow_jobs",
+		metric.WithDescription("Jobs published for workflow steps, by workflow and step")); err != nil {
+		return nil, err
+	}
+	if m.workflowFailures, err = meter.Int64Counter("jetfleet.supervisor.workflow_failures",
+		metric.WithDescription("Failed steps and fan-out elements of ended workflow runs, by workflow and step")); err != nil {
+		return nil, err
+	}
 	gauge := func(name, desc string, v *atomic.Int64) error {
 		_, err := meter.Int64ObservableGauge(name, metric.WithDescription(desc),
 			metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
@@ -96,6 +115,27 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+// workflowTransition counts a stored transition of a run.
+func (m *metrics) workflowTransition(ctx context.Context, run *workflow.Run, acts workflow.Actions) {
+	if run.Round == 0 && run.StartedAt.Equal(run.UpdatedAt) {
+		m.workflowRuns.Add(ctx, 1, attrs("workflow", run.Workflow, "event", "started"))
+	}
+	for _, j := range acts.Publish {
+		m.workflowJobs.Add(ctx, 1, attrs("workflow", run.Workflow, "step", j.Step))
+	}
+	if !acts.Ended {
+		return
+	}
+	m.workflowRuns.Add(ctx, 1, attrs("workflow", run.Workflow, "event", string(run.Status)))
+	f := run.Failures()
+	for _, sf := range f.Steps {
+		m.workflowFailures.Add(ctx, 1, attrs("workflow", run.Workflow, "step", sf.Step))
+	}
+	for _, ef := range f.Elements {
+		m.workflowFailures.Add(ctx, 1, attrs("workflow", run.Workflow, "step", ef.Step))
+	}
 }
 
 func (m *metrics) setBreaker(queue string, open bool) {

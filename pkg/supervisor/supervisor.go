@@ -57,6 +57,8 @@ type Supervisor struct {
 	rates   *rates
 	history *history
 	trends  *trends
+	// workflows runs workflow runs (workflows.go).
+	workflows *workflows
 	// queueDepthGauge is the queue-depth gauge's last measure (queuedepth.go).
 	queueDepthGauge queueDepth
 	svc             micro.Service
@@ -115,6 +117,7 @@ func New(cfg Config, env *service.Env, clk clock.Clock) (*Supervisor, error) {
 	s.rates = newRates(s)
 	s.history = newHistory(s)
 	s.trends = newTrends(s)
+	s.workflows = &workflows{s: s}
 	return s, nil
 }
 
@@ -151,6 +154,9 @@ func (s *Supervisor) Start(ctx context.Context) error {
 		return fail(fmt.Errorf("bucket %s: %w", protocol.BucketCancels, err))
 	}
 	if err := s.provision(ctx); err != nil {
+		return fail(err)
+	}
+	if err := s.workflows.open(ctx); err != nil {
 		return fail(err)
 	}
 	if err := topology.EnsureDeclaredQueues(ctx, s.js, s.topo); err != nil {
@@ -314,6 +320,7 @@ func (s *Supervisor) leaderTasks() []replica.Task {
 		{Name: "breakers: adopt", Lead: s.rates.adopt},
 		{Name: "trends: rollups and verdicts", Lead: s.trends.lead},
 		{Name: "queues: depth gauge", Lead: s.queueDepthLoop},
+		{Name: "workflows: forwarded requests", Lead: s.workflows.lead},
 	}
 }
 

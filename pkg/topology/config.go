@@ -44,6 +44,10 @@ type Config struct {
 	// running (queued, delayed, waiting for a retry) waits in bucket cancels
 	// for an agent to receive the job. Defaults to 168h (7 days).
 	CancelTTL time.Duration `koanf:"cancel_ttl"`
+	// WorkflowRunTTL is how long a workflow run's state is kept in bucket
+	// workflow_runs after its last change (its end, for an ended run).
+	// Defaults to 720h (30 days).
+	WorkflowRunTTL time.Duration `koanf:"workflow_run_ttl"`
 	// Queues configures the consumer of each queue; queues not listed use DefaultQueue.
 	Queues map[string]QueueConfig `koanf:"queues"`
 	// VerifyOnly makes a service check that the streams and buckets exist
@@ -81,6 +85,7 @@ const (
 	DefaultLeaseTTL        = 5 * time.Second
 	DefaultAgentTTL        = 15 * time.Second
 	DefaultCancelTTL       = 7 * 24 * time.Hour
+	DefaultWorkflowRunTTL  = 30 * 24 * time.Hour
 	DefaultAckWait         = 30 * time.Second
 	DefaultMaxDeliver      = 20
 	DefaultMaxAckPending   = 10000
@@ -97,6 +102,7 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.LeaseTTL, DefaultLeaseTTL)
 	setDefault(&c.AgentTTL, DefaultAgentTTL)
 	setDefault(&c.CancelTTL, DefaultCancelTTL)
+	setDefault(&c.WorkflowRunTTL, DefaultWorkflowRunTTL)
 	queues := make(map[string]QueueConfig, len(c.Queues))
 	for name, q := range c.Queues {
 		queues[name] = q.WithDefaults()
@@ -161,6 +167,7 @@ func (c Config) Validate(section string) error {
 	for k, d := range map[string]time.Duration{
 		"duplicate_window": c.DuplicateWindow, "dlq_max_age": c.DLQMaxAge, "events_max_age": c.EventsMaxAge,
 		"lease_ttl": c.LeaseTTL, "agent_ttl": c.AgentTTL, "cancel_ttl": c.CancelTTL,
+		"workflow_run_ttl": c.WorkflowRunTTL,
 	} {
 		if d < 0 {
 			errs = append(errs, config.Invalid(key(k), "must not be negative, got %s", d))

@@ -150,6 +150,8 @@ func buckets(c Config) []bucketSpec {
 		{cfg: kv(protocol.BucketCancels, "jetfleet cancels of jobs not running", 1, c.CancelTTL)},
 		{cfg: limitsBucket(kv(protocol.BucketLimits, "jetfleet fleet-wide limits per kind", 1, 0))},
 		{cfg: uniqueBucket(kv(protocol.BucketUnique, "jetfleet unique job keys", 1, 0))},
+		{cfg: kv(protocol.BucketWorkflows, "jetfleet workflow definitions", 5, 0)},
+		{cfg: kv(protocol.BucketWorkflowRuns, "jetfleet workflow runs", 1, c.WorkflowRunTTL)},
 	}
 }
 

@@ -49,6 +49,13 @@ type Run struct {
 	// Round counts retries of failed work (RetryFailed); job ids carry it.
 	Round int                   `json:"round,omitempty"`
 	Steps map[string]*StepState `json:"steps"`
+	// Error says why a run failed as a whole (Abort).
+	Error string `json:"error,omitempty"`
+	// StartedAt, UpdatedAt and EndedAt are kept by the supervisor, on its
+	// clock; EndedAt is nil while the run runs.
+	StartedAt time.Time  `json:"started_at"`
+	UpdatedAt time.Time  `json:"updated_at"`
+	EndedAt   *time.Time `json:"ended_at,omitempty"`
 }
 
 // StepState is one step of a run.
@@ -224,6 +231,21 @@ func (r *Run) Cancel() Actions {
 	return acts
 }
 
+// Abort fails a running run as a whole for reason (a state the supervisor
+// cannot store): its queued and running jobs are cancelled, like Cancel's,
+// and the run ends failed with reason as its error and its one alert.
+func (r *Run) Abort(reason string) Actions {
+	if r.Status != StatusRunning {
+		return Actions{}
+	}
+	acts := r.Cancel()
+	r.Status, r.Error = StatusFailed, reason
+	f := r.Failures()
+	f.Steps = append(f.Steps, StepFailure{Step: "(run)", Error: reason})
+	acts.Alert = &f
+	return acts
+}
+
 // RetryFailed runs again, in a new round, the failed steps and fan-out
 // elements of an ended run and every step downstream of them, so that a
 // fan-in sees the whole picture once the retried work succeeds. Work that
@@ -272,7 +294,7 @@ func (r *Run) RetryFailed() (Actions, error) {
 			*st = StepState{Status: StatusWaiting}
 		}
 	}
-	r.Status = StatusRunning
+	r.Status, r.Error, r.EndedAt = StatusRunning, "", nil
 	for _, s := range r.Def.Steps {
 		if st := r.Steps[s.Name]; st.Status == StatusRunning && s.IsFanOut() {
 			r.fillFanOut(s.Name, st, &acts)

@@ -1,0 +1,284 @@
+package jetfleet
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jetfleet/jetfleet/pkg/protocol"
+)
+
+// Workflows: a definition names steps (each a job kind), their dependencies,
+// fan-outs and fan-ins (protocol.WorkflowDefinition, docs/workflows.md); a
+// run of it is advanced by the supervisor leader from its jobs' events. The
+// types below are the supervisor's workflow API.
+
+// WorkflowAddRequest stores a definition: a new workflow or a new version
+// of one (runs already started keep the version they started with).
+type WorkflowAddRequest struct {
+	// Definition is the JSON document (protocol.ParseWorkflowDefinition).
+	Definition json.RawMessage `json:"definition"`
+}
+
+// WorkflowInfo describes a stored definition.
+type WorkflowInfo struct {
+	Name        string    `json:"name"`
+	Description string    `json:"description,omitempty"`
+	Steps       int       `json:"steps"`
+	Revision    uint64    `json:"revision"`
+	Updated     time.Time `json:"updated"`
+	// Definition is the whole document (get; not in a list).
+	Definition *protocol.WorkflowDefinition `json:"definition,omitempty"`
+}
+
+// WorkflowNameRequest names a workflow (get, rm).
+type WorkflowNameRequest struct {
+	Name string `json:"name"`
+}
+
+// WorkflowList is every stored definition, by name.
+type WorkflowList struct {
+	Workflows []WorkflowInfo `json:"workflows"`
+}
+
+// WorkflowRunRequest starts a run of a stored workflow.
+type WorkflowRunRequest struct {
+	Workflow string `json:"workflow"`
+	// Input is the run's input, a JSON value (templates read it as
+	// {{input…}}); omitted, null.
+	Input json.RawMessage `json:"input,omitempty"`
+	// RunID names the run (a token of at most 64 characters); omitted, the
+	// supervisor makes one. A second request with the same id starts
+	// nothing and answers Duplicate.
+	RunID string `json:"run_id,omitempty"`
+}
+
+// WorkflowRunResponse answers a run's start.
+type WorkflowRunResponse struct {
+	RunID string `json:"run_id"`
+	// Duplicate is set when a run with this id existed already.
+	Duplicate bool   `json:"duplicate,omitempty"`
+	Status    string `json:"status"`
+}
+
+// Run statuses (WorkflowRunSummary.Status), also those of a step and of a
+// fan-out element.
+const (
+	WorkflowWaiting   = "waiting"
+	WorkflowRunning   = "running"
+	WorkflowSucceeded = "succeeded"
+	WorkflowFailed    = "failed"
+	WorkflowSkipped   = "skipped"
+	WorkflowCancelled = "cancelled"
+)
+
+// WorkflowRunsRequest lists runs, newest first.
+type WorkflowRunsRequest struct {
+	// Workflow and Status narrow the list; both optional.
+	Workflow string `json:"workflow,omitempty"`
+	Status   string `json:"status,omitempty"`
+	// Limit bounds the list: default 100, at most 1000.
+	Limit int `json:"limit,omitempty"`
+}
+
+// MaxWorkflowRunsLimit bounds one list of runs.
+const MaxWorkflowRunsLimit = 1000
+
+// Validate checks r, naming the bad field.
+func (r WorkflowRunsRequest) Validate() error {
+	if r.Workflow != "" {
+		if err := protocol.ValidateWorkflowName("workflow", r.Workflow); err != nil {
+			return protocol.FieldError("workflow", "%v", err)
+		}
+	}
+	switch r.Status {
+	case "", WorkflowRunning, WorkflowSucceeded, WorkflowFailed, WorkflowCancelled:
+	default:
+		return protocol.FieldError("status", "must be running, succeeded, failed or cancelled, got %q", r.Status)
+	}
+	if r.Limit < 0 || r.Limit > MaxWorkflowRunsLimit {
+		return protocol.FieldError("limit", "must be between 0 (the default, 100) and %d, got %d", MaxWorkflowRunsLimit, r.Limit)
+	}
+	return nil
+}
+
+// WorkflowRunSummary is one run in a list.
+type WorkflowRunSummary struct {
+	RunID    string `json:"run_id"`
+	Workflow string `json:"workflow"`
+	Status   string `json:"status"`
+	// Round counts the run's retries of failed work (retry-failed).
+	Round     int        `json:"round,omitempty"`
+	StartedAt time.Time  `json:"started_at"`
+	UpdatedAt time.Time  `json:"updated_at"`
+	EndedAt   *time.Time `json:"ended_at,omitempty"`
+	// FailedSteps and FailedElements count what failed (Failures lists it).
+	FailedSteps    int `json:"failed_steps"`
+	FailedElements int `json:"failed_elements"`
+}
+
+// WorkflowRunIDRequest names a run (get, retry-failed, cancel).
+type WorkflowRunIDRequest struct {
+	RunID string `json:"run_id"`
+}
+
+// WorkflowRunDetail is one run with each step's state and what failed.
+type WorkflowRunDetail struct {
+	WorkflowRunSummary
+	Input json.RawMessage    `json:"input,omitempty"`
+	Steps []WorkflowStepView `json:"steps"`
+	// Failures lists every failed step and fan-out element: what
+	// retry-failed runs again.
+	Failures WorkflowFailures `json:"failures"`
+}
+
+// WorkflowStepView is one step of a run.
+type WorkflowStepView struct {
+	Name      string   `json:"name"`
+	Kind      string   `json:"kind"`
+	Queue     string   `json:"queue"`
+	DependsOn []string `json:"depends_on,omitempty"`
+	When      string   `json:"when,omitempty"`
+	Status    string   `json:"status"`
+	// JobID is the step's job (not for a fan-out: its elements' ids are
+	// JobID:<index>).
+	JobID  string          `json:"job_id"`
+	Result json.RawMessage `json:"result,omitempty"`
+	Error  string          `json:"error,omitempty"`
+	Round  int             `json:"round,omitempty"`
+	// Elements counts a fan-out's elements by status.
+	Elements map[string]int `json:"elements,omitempty"`
+}
+
+// WorkflowFailures lists what failed in a run.
+type WorkflowFailures struct {
+	Steps    []WorkflowStepFailure    `json:"steps,omitempty"`
+	Elements []WorkflowElementFailure `json:"elements,omitempty"`
+}
+
+// WorkflowStepFailure is a step that failed as a whole.
+type WorkflowStepFailure struct {
+	Step  string `json:"step"`
+	JobID string `json:"job_id"`
+	Error string `json:"error"`
+}
+
+// WorkflowElementFailure is a fan-out element that failed.
+type WorkflowElementFailure struct {
+	Step  string          `json:"step"`
+	Index int             `json:"index"`
+	Item  json.RawMessage `json:"item"`
+	JobID string          `json:"job_id"`
+	Error string          `json:"error"`
+}
+
+// AddWorkflow stores def (a new workflow or a new version of one).
+func (c *Client) AddWorkflow(ctx context.Context, def *protocol.WorkflowDefinition) (*WorkflowInfo, error) {
+	data, err := json.Marshal(def)
+	if err != nil {
+		return nil, err
+	}
+	return c.AddWorkflowDocument(ctx, data)
+}
+
+// AddWorkflowDocument stores the JSON definition doc as it is: the
+// supervisor refuses unknown fields and names the step and field at fault.
+func (c *Client) AddWorkflowDocument(ctx context.Context, doc []byte) (*WorkflowInfo, error) {
+	var info WorkflowInfo
+	return &info, c.supervisor(ctx, protocol.APIWorkflowAdd, &WorkflowAddRequest{Definition: doc}, &info)
+}
+
+// Workflow returns the stored definition of name.
+func (c *Client) Workflow(ctx context.Context, name string) (*WorkflowInfo, error) {
+	var info WorkflowInfo
+	return &info, c.supervisor(ctx, protocol.APIWorkflowGet, &WorkflowNameRequest{Name: name}, &info)
+}
+
+// Workflows lists the stored definitions.
+func (c *Client) Workflows(ctx context.Context) ([]WorkflowInfo, error) {
+	var res WorkflowList
+	return res.Workflows, c.supervisor(ctx, protocol.APIWorkflowList, struct{}{}, &res)
+}
+
+// RemoveWorkflow removes the definition of name; its runs go on.
+func (c *Client) RemoveWorkflow(ctx context.Context, name string) error {
+	return c.supervisor(ctx, protocol.APIWorkflowRemove, &WorkflowNameRequest{Name: name}, nil)
+}
+
+// RunOption sets one property of a workflow run's start.
+type RunOption func(*WorkflowRunRequest)
+
+// RunID names the run: a second start with the same id starts nothing.
+func RunID(id string) RunOption { return func(r *WorkflowRunRequest) { r.RunID = id } }
+
+// RunWorkflow starts a run of the stored workflow name with input (encoded
+// as JSON; nil for none).
+func (c *Client) RunWorkflow(ctx context.Context, name string, input any, opts ...RunOption) (*WorkflowRunResponse, error) {
+	req := WorkflowRunRequest{Workflow: name}
+	if input != nil {
+		data, err := json.Marshal(input)
+		if err != nil {
+			return nil, fmt.Errorf("run input: %w", err)
+		}
+		req.Input = data
+	}
+	for _, o := range opts {
+		o(&req)
+	}
+	var res WorkflowRunResponse
+	return &res, c.supervisor(ctx, protocol.APIWorkflowRun, &req, &res)
+}
+
+// WorkflowRuns lists runs, newest first.
+func (c *Client) WorkflowRuns(ctx context.Context, req WorkflowRunsRequest) ([]WorkflowRunSummary, error) {
+	var res struct {
+		Runs []WorkflowRunSummary `json:"runs"`
+	}
+	return res.Runs, c.supervisor(ctx, protocol.APIWorkflowRuns, &req, &res)
+}
+
+// WorkflowRun returns one run with its steps and failures.
+func (c *Client) WorkflowRun(ctx context.Context, runID string) (*WorkflowRunDetail, error) {
+	var res WorkflowRunDetail
+	return &res, c.supervisor(ctx, protocol.APIWorkflowRunGet, &WorkflowRunIDRequest{RunID: runID}, &res)
+}
+
+// RetryFailedWorkflowRun runs again only what failed in a run (its failed
+// fan-out elements and steps, as new jobs), then everything downstream of
+// them, so a fan-in sees the full picture.
+func (c *Client) RetryFailedWorkflowRun(ctx context.Context, runID string) (*WorkflowRunDetail, error) {
+	var res WorkflowRunDetail
+	return &res, c.supervisor(ctx, protocol.APIWorkflowRetryFailed, &WorkflowRunIDRequest{RunID: runID}, &res)
+}
+
+// CancelWorkflowRun cancels a run: its queued and running jobs are
+// cancelled and nothing more starts.
+func (c *Client) CancelWorkflowRun(ctx context.Context, runID string) (*WorkflowRunDetail, error) {
+	var res WorkflowRunDetail
+	return &res, c.supervisor(ctx, protocol.APIWorkflowCancel, &WorkflowRunIDRequest{RunID: runID}, &res)
+}
+
+// WaitWorkflowRun returns the run once it has ended (succeeded, failed or
+// cancelled), or ctx's error. It asks the supervisor every poll interval
+// (250 ms, growing to 2 s).
+func (c *Client) WaitWorkflowRun(ctx context.Context, runID string) (*WorkflowRunDetail, error) {
+	interval := 250 * time.Millisecond
+	for {
+		run, err := c.WorkflowRun(ctx, runID)
+		if err != nil {
+			return nil, err
+		}
+		if run.EndedAt != nil {
+			return run, nil
+		}
+		t := time.NewTimer(interval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		interval = min(2*interval, 2*time.Second)
+	}
+}

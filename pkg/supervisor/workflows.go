@@ -1,0 +1,661 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/nats-io/nuid"
+
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
+	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
+	"github.com/jetfleet/jetfleet/pkg/supervisor/workflow"
+	"github.com/jetfleet/jetfleet/pkg/telemetry"
+)
+
+// workflows runs workflow runs (docs/workflows.md). Definitions live in
+// bucket workflows, each run's whole state in bucket workflow_runs. Only the
+// leader changes a run: from the terminal events of its jobs (read in order
+// by the events consumer, acked once the run is stored) and from the API's
+// run, retry-failed and cancel, which other replicas forward to it.
+//
+// A transition reads the run, lets the state machine (package workflow)
+// decide, carries out the actions — publish the jobs it starts, cancel the
+// jobs it ends, raise the run's alert — and then stores the new state with
+// a compare-and-set on the revision it read. Every action is safe to repeat:
+// step job ids are deterministic (JetStream's duplicate window, then the
+// agents' check for an already succeeded job, keep each to one execution),
+// a cancel of an ended job does nothing, and the alert is deduplicated by
+// its key. So a leader that dies between the actions and the store leaves
+// an unacked event, and its successor handles it again to the same effect.
+type workflows struct {
+	s          *Supervisor
+	defs, runs jetstream.KeyValue
+	// mu serializes the transitions made on this replica.
+	mu sync.Mutex
+}
+
+// leaderWorkflowSubject receives the run, retry-failed and cancel requests
+// that replicas which do not lead forward to the leader.
+const leaderWorkflowSubject = "jetfleet.supervisor.leader.workflows"
+
+// Operations forwarded on leaderWorkflowSubject.<op>.
+const (
+	opWorkflowRun         = "run"
+	opWorkflowRetryFailed = "retry-failed"
+	opWorkflowCancel      = "cancel"
+)
+
+// runStateHeadroom is kept free under the server's max payload for a run's
+// stored state: the key-value message's headers.
+const runStateHeadroom = 4 << 10
+
+func (w *workflows) open(ctx context.Context) error {
+	var err error
+	if w.defs, err = w.s.js.KeyValue(ctx, protocol.BucketWorkflows); err != nil {
+		return fmt.Errorf("bucket %s: %w", protocol.BucketWorkflows, err)
+	}
+	if w.runs, err = w.s.js.KeyValue(ctx, protocol.BucketWorkflowRuns); err != nil {
+		return fmt.Errorf("bucket %s: %w", protocol.BucketWorkflowRuns, err)
+	}
+	return nil
+}
+
+// jobEnded advances the run of a workflow step's job from the job's
+// terminal event (succeeded, dead or cancelled).
+func (w *workflows) jobEnded(ctx context.Context, ev *jetfleetpb.JobEvent) error {
+	runID, ok := protocol.WorkflowRunOfJob(ev.GetJobId())
+	if !ok {
+		return nil
+	}
+	out := workflow.Outcome{Result: ev.GetResult()}
+	switch ev.GetType() {
+	case protocol.EventSucceeded:
+		out.Status = workflow.StatusSucceeded
+	case protocol.EventDead:
+		out.Status, out.Error = workflow.StatusFailed, outcomeError(ev)
+	case protocol.EventCancelled:
+		out.Status, out.Error = workflow.StatusCancelled, outcomeError(ev)
+	default:
+		return nil
+	}
+	if len(out.Result) == 0 {
+		out.Result = nil
+	}
+	_, err := w.transition(ctx, runID, func(r *workflow.Run) (workflow.Actions, error) {
+		acts, err := r.JobEnded(ev.GetJobId(), out)
+		if err != nil {
+			// Not a job this run knows (a definition changed under a
+			// hand-made id): nothing to advance, nothing to retry.
+			w.s.log.Warn("workflow job event ignored", telemetry.LogJobID, ev.GetJobId(), telemetry.LogError, err)
+			return workflow.Actions{}, nil
+		}
+		return acts, nil
+	})
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		w.s.log.Warn("event of a workflow job whose run is not stored (expired or removed); ignored",
+			telemetry.LogJobID, ev.GetJobId())
+		return nil
+	}
+	return err
+}
+
+func outcomeError(ev *jetfleetpb.JobEvent) string {
+	e := firstLine(ev.GetError())
+	switch {
+	case e != "" && ev.GetReason() != "":
+		return ev.GetReason() + ": " + e
+	case e != "":
+		return e
+	}
+	return ev.GetReason()
+}
+
+// transition applies change to the stored run runID (see workflows).
+func (w *workflows) transition(ctx context.Context, runID string, change func(*workflow.Run) (workflow.Actions, error)) (*workflow.Run, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for attempt := 0; ; attempt++ {
+		run, rev, err := w.load(ctx, runID)
+		if err != nil {
+			return nil, err
+		}
+		before, err := json.Marshal(run)
+		if err != nil {
+			return nil, err
+		}
+		acts, err := change(run)
+		if err != nil {
+			return run, err
+		}
+		after, err := json.Marshal(run)
+		if err != nil {
+			return nil, err
+		}
+		if string(before) == string(after) && len(acts.Publish) == 0 && len(acts.Cancel) == 0 {
+			return run, nil
+		}
+		now := w.s.clk.Now().UTC()
+		run.UpdatedAt = now
+		if acts.Ended {
+			run.EndedAt = &now
+		}
+		data, acts, err := w.fit(run, acts)
+		if err != nil {
+			return nil, err
+		}
+		if err := w.act(ctx, run, acts); err != nil {
+			return nil, err
+		}
+		rctx, cancel := w.s.requestCtx(ctx)
+		_, err = w.runs.Update(rctx, runID, data, rev)
+		cancel()
+		if err == nil {
+			w.s.metrics.workflowTransition(ctx, run, acts)
+			return run, nil
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) && attempt < 3 {
+			continue // another replica wrote it (a leader change): decide again from its state
+		}
+		return nil, fmt.Errorf("store workflow run %s: %w", runID, err)
+	}
+}
+
+// fit encodes run for storage. A state the server cannot take in one
+// message (a fan-out over a very long list, or large results) aborts the
+// run, stating why, with the results of its elements dropped.
+func (w *workflows) fit(run *workflow.Run, acts workflow.Actions) ([]byte, workflow.Actions, error) {
+	data, err := json.Marshal(run)
+	if err != nil {
+		return nil, acts, err
+	}
+	limit := int(w.s.nc.MaxPayload()) - runStateHeadroom
+	if len(data) <= limit {
+		return data, acts, nil
+	}
+	reason := fmt.Sprintf("the run's state (%d bytes) does not fit in one message of at most %d bytes: "+
+		"a fan-out over fewer elements, or smaller results, fits", len(data), limit)
+	abort := run.Abort(reason)
+	abort.Cancel = append(abort.Cancel, acts.Cancel...)
+	abort.Publish = nil // the jobs it would have started do not go out
+	for _, st := range run.Steps {
+		for i := range st.Elements {
+			st.Elements[i].Result = nil
+		}
+	}
+	now := w.s.clk.Now().UTC()
+	run.EndedAt = &now
+	if data, err = json.Marshal(run); err != nil {
+		return nil, acts, err
+	}
+	if len(data) > limit {
+		for _, st := range run.Steps {
+			st.Items = nil
+		}
+		if data, err = json.Marshal(run); err != nil {
+			return nil, acts, err
+		}
+	}
+	w.s.log.Error("workflow run aborted", "run", run.ID, "workflow", run.Workflow, "reason", reason)
+	return data, abort, nil
+}
+
+// act carries out a transition's actions: publish, cancel, alert.
+func (w *workflows) act(ctx context.Context, run *workflow.Run, acts workflow.Actions) error {
+	if len(acts.Publish) > 0 {
+		if err := w.publish(ctx, run, acts.Publish); err != nil {
+			return err
+		}
+	}
+	for _, id := range acts.Cancel {
+		req := jetfleet.CancelRequest{JobID: id, Reason: "workflow run " + run.ID + " " + string(run.Status),
+			RequestedBy: "workflow " + run.Workflow}
+		if _, err := w.s.cancelJob(ctx, req); err != nil && !errors.Is(err, protocol.Code(protocol.CodeNotFound)) {
+			return fmt.Errorf("cancel %s: %w", id, err)
+		}
+	}
+	if acts.Alert != nil {
+		w.alert(ctx, run, acts.Alert)
+	}
+	return nil
+}
+
+// publish sends the jobs of a transition at once and waits for every ack.
+func (w *workflows) publish(ctx context.Context, run *workflow.Run, jobs []workflow.Job) error {
+	futures := make([]jetstream.PubAckFuture, 0, len(jobs))
+	for _, j := range jobs {
+		h := nats.Header{}
+		h.Set(protocol.HeaderWorkflowRun, run.ID)
+		h.Set(protocol.HeaderWorkflowStep, j.Step)
+		job := protocol.Job{ID: j.ID, Queue: j.Queue, Kind: j.Kind, Payload: j.Payload, Timeout: j.Timeout,
+			MaxAttempts: j.Attempts, Backoff: j.Backoff, Header: h}
+		msg, err := job.Msg()
+		if err != nil {
+			return fmt.Errorf("job %s of step %s: %w", j.ID, j.Step, err)
+		}
+		f, err := w.s.js.PublishMsgAsync(msg)
+		if err != nil {
+			return fmt.Errorf("publish %s: %w", j.ID, err)
+		}
+		futures = append(futures, f)
+	}
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return fmt.Errorf("publish %s: %w", f.Msg().Header.Get(protocol.HeaderJobID), err)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// alert raises the run's one alert, listing every failed step and element.
+func (w *workflows) alert(ctx context.Context, run *workflow.Run, f *workflow.Failures) {
+	var b strings.Builder
+	for _, sf := range f.Steps {
+		fmt.Fprintf(&b, "step %s: %s\n", sf.Step, sf.Error)
+	}
+	for _, ef := range f.Elements {
+		fmt.Fprintf(&b, "step %s element %d %s: %s\n", ef.Step, ef.Index, ef.Item, ef.Error)
+	}
+	summary := fmt.Sprintf("workflow %s run %s failed: %d steps and %d elements failed", run.Workflow, run.ID,
+		len(f.Steps), len(f.Elements))
+	// The severity of the escalation policy's default: the per-job alerts
+	// of the steps' dead letters are left out for this one.
+	severity := w.s.cfg.Escalation.Default.Alert
+	if severity == SeverityNone {
+		return
+	}
+	w.s.alerter.raise(ctx, &jetfleetpb.Alert{Key: fmt.Sprintf("workflow_failed:%s:%d", run.ID, run.Round),
+		Type: "workflow_failed", Severity: severity, Summary: summary, Error: b.String()})
+}
+
+func (w *workflows) load(ctx context.Context, runID string) (*workflow.Run, uint64, error) {
+	rctx, cancel := w.s.requestCtx(ctx)
+	defer cancel()
+	e, err := w.runs.Get(rctx, runID)
+	if err != nil {
+		return nil, 0, err
+	}
+	var run workflow.Run
+	if err := json.Unmarshal(e.Value(), &run); err != nil {
+		return nil, 0, fmt.Errorf("workflow run %s: stored state: %w", runID, err)
+	}
+	return &run, e.Revision(), nil
+}
+
+// start begins a run of a stored workflow: it publishes the first steps'
+// jobs, then creates the run. A run id already stored starts nothing.
+func (w *workflows) start(ctx context.Context, req jetfleet.WorkflowRunRequest) (*jetfleet.WorkflowRunResponse, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if req.RunID == "" {
+		req.RunID = nuid.Next()
+	}
+	rctx, cancel := w.s.requestCtx(ctx)
+	defer cancel()
+	if e, err := w.runs.Get(rctx, req.RunID); err == nil {
+		var run workflow.Run
+		_ = json.Unmarshal(e.Value(), &run)
+		return &jetfleet.WorkflowRunResponse{RunID: req.RunID, Duplicate: true, Status: string(run.Status)}, nil
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, internal(err)
+	}
+	def, _, err := w.definition(rctx, req.Workflow)
+	if err != nil {
+		return nil, err
+	}
+	run, acts, err := workflow.Start(*def, req.RunID, req.Input)
+	if err != nil {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "%v", err)
+	}
+	now := w.s.clk.Now().UTC()
+	run.StartedAt, run.UpdatedAt = now, now
+	if acts.Ended {
+		run.EndedAt = &now
+	}
+	data, acts, err := w.fit(run, acts)
+	if err != nil {
+		return nil, internal(err)
+	}
+	if err := w.act(ctx, run, acts); err != nil {
+		return nil, internal(err)
+	}
+	if _, err := w.runs.Create(rctx, req.RunID, data); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return &jetfleet.WorkflowRunResponse{RunID: req.RunID, Duplicate: true, Status: string(run.Status)}, nil
+		}
+		return nil, internal(err)
+	}
+	w.s.metrics.workflowTransition(ctx, run, acts)
+	w.s.log.Info("workflow run started", "run", run.ID, "workflow", run.Workflow, "jobs", len(acts.Publish))
+	return &jetfleet.WorkflowRunResponse{RunID: req.RunID, Status: string(run.Status)}, nil
+}
+
+func (w *workflows) definition(ctx context.Context, name string) (*protocol.WorkflowDefinition, jetstream.KeyValueEntry, error) {
+	if err := protocol.ValidateWorkflowName("workflow", name); err != nil {
+		return nil, nil, protocol.FieldError("workflow", "%v", err)
+	}
+	e, err := w.defs.Get(ctx, name)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, nil, protocol.Errorf(protocol.CodeNotFound, "no workflow %q (jetfleet workflow ls lists them)", name)
+	}
+	if err != nil {
+		return nil, nil, internal(err)
+	}
+	def, err := protocol.ParseWorkflowDefinition(e.Value())
+	if err != nil {
+		return nil, nil, internal(fmt.Errorf("stored workflow %s: %w", name, err))
+	}
+	return def, e, nil
+}
+
+// lead serves, while this replica leads, the requests other replicas
+// forward to the leader.
+func (w *workflows) lead(ctx context.Context) {
+	sub, err := w.s.nc.Subscribe(leaderWorkflowSubject+".*", func(msg *nats.Msg) {
+		op := strings.TrimPrefix(msg.Subject, leaderWorkflowSubject+".")
+		rctx, cancel := context.WithTimeout(ctx, 5*w.s.cfg.RequestTimeout)
+		defer cancel()
+		res, err := w.leaderOp(rctx, op, msg.Data)
+		reply := nats.NewMsg(msg.Reply)
+		if err != nil {
+			doc := protocol.ToDoc(protocol.AsAPIError(err))
+			reply.Header.Set(micro.ErrorCodeHeader, protocol.HTTPStatus(doc.GetCode()))
+			reply.Header.Set(micro.ErrorHeader, doc.GetMessage())
+			reply.Data, _ = protocol.Marshal(doc)
+		} else {
+			reply.Data, _ = json.Marshal(res)
+		}
+		_ = msg.RespondMsg(reply)
+	})
+	if err != nil {
+		w.s.log.Error("cannot serve forwarded workflow requests", telemetry.LogError, err)
+		return
+	}
+	<-ctx.Done()
+	_ = sub.Unsubscribe()
+}
+
+// forwarding runs op here when this replica leads, else on the leader.
+func (w *workflows) forwarding(op string) protocol.APIHandlerFunc {
+	return func(ctx context.Context, data []byte) (any, error) {
+		if w.s.IsLeader() {
+			return w.leaderOp(ctx, op, data)
+		}
+		msg, err := w.s.nc.RequestWithContext(ctx, leaderWorkflowSubject+"."+op, data)
+		if errors.Is(err, nats.ErrNoResponders) {
+			return nil, protocol.Errorf(protocol.CodeUnavailable, "no supervisor leader right now; try again")
+		}
+		if err != nil {
+			return nil, internal(err)
+		}
+		return nil, &protocol.Forwarded{Reply: msg}
+	}
+}
+
+func (w *workflows) leaderOp(ctx context.Context, op string, data []byte) (any, error) {
+	if !w.s.IsLeader() {
+		return nil, protocol.Errorf(protocol.CodeUnavailable, "this supervisor replica no longer leads; try again")
+	}
+	if op == opWorkflowRun {
+		var req jetfleet.WorkflowRunRequest
+		if err := protocol.DecodeRequest(data, &req); err != nil {
+			return nil, err
+		}
+		if req.RunID != "" {
+			if err := protocol.ValidateWorkflowName("run id", req.RunID); err != nil {
+				return nil, protocol.FieldError("run_id", "%v", err)
+			}
+		}
+		if len(req.Input) > 0 && !json.Valid(req.Input) {
+			return nil, protocol.FieldError("input", "is not a JSON value")
+		}
+		return w.start(ctx, req)
+	}
+	var req jetfleet.WorkflowRunIDRequest
+	if err := protocol.DecodeRequest(data, &req); err != nil {
+		return nil, err
+	}
+	if err := protocol.ValidateWorkflowName("run id", req.RunID); err != nil {
+		return nil, protocol.FieldError("run_id", "%v", err)
+	}
+	var change func(*workflow.Run) (workflow.Actions, error)
+	switch op {
+	case opWorkflowRetryFailed:
+		change = func(r *workflow.Run) (workflow.Actions, error) {
+			acts, err := r.RetryFailed()
+			if err != nil {
+				return acts, protocol.Errorf(protocol.CodeConflict, "run %s: %v", r.ID, err)
+			}
+			return acts, nil
+		}
+	case opWorkflowCancel:
+		change = func(r *workflow.Run) (workflow.Actions, error) {
+			if r.Status != workflow.StatusRunning {
+				return workflow.Actions{}, protocol.Errorf(protocol.CodeConflict, "run %s has ended (%s)", r.ID, r.Status)
+			}
+			return r.Cancel(), nil
+		}
+	default:
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "unknown operation %q", op)
+	}
+	run, err := w.transition(ctx, req.RunID, change)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, protocol.Errorf(protocol.CodeNotFound, "no workflow run %q", req.RunID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return runDetail(run), nil
+}
+
+// The API (every replica): definitions, and reading runs.
+
+func (w *workflows) apiAdd(ctx context.Context, data []byte) (any, error) {
+	var req jetfleet.WorkflowAddRequest
+	if err := protocol.DecodeRequest(data, &req); err != nil {
+		return nil, err
+	}
+	if len(req.Definition) == 0 {
+		return nil, protocol.FieldError("definition", "is required")
+	}
+	def, err := protocol.ParseWorkflowDefinition(req.Definition)
+	if err != nil {
+		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "%v", err)
+	}
+	doc, err := json.Marshal(def)
+	if err != nil {
+		return nil, internal(err)
+	}
+	if len(doc) > int(w.s.nc.MaxPayload())-runStateHeadroom {
+		return nil, protocol.FieldError("definition", "of %d bytes does not fit in one message", len(doc))
+	}
+	rev, err := w.defs.Put(ctx, def.Name, doc)
+	if err != nil {
+		return nil, internal(err)
+	}
+	w.s.log.Info("workflow stored", "workflow", def.Name, "revision", rev, "steps", len(def.Steps))
+	return &jetfleet.WorkflowInfo{Name: def.Name, Description: def.Description, Steps: len(def.Steps), Revision: rev,
+		Updated: w.s.clk.Now().UTC(), Definition: def}, nil
+}
+
+func (w *workflows) apiGet(ctx context.Context, data []byte) (any, error) {
+	var req jetfleet.WorkflowNameRequest
+	if err := protocol.DecodeRequest(data, &req); err != nil {
+		return nil, err
+	}
+	def, e, err := w.definition(ctx, req.Name)
+	if err != nil {
+		if errors.Is(err, protocol.Code(protocol.CodeInvalidArgument)) {
+			return nil, protocol.FieldError("name", "%v", err)
+		}
+		return nil, err
+	}
+	return &jetfleet.WorkflowInfo{Name: def.Name, Description: def.Description, Steps: len(def.Steps),
+		Revision: e.Revision(), Updated: e.Created(), Definition: def}, nil
+}
+
+func (w *workflows) apiList(ctx context.Context, data []byte) (any, error) {
+	if err := protocol.DecodeRequest(data, &struct{}{}); err != nil {
+		return nil, err
+	}
+	res := &jetfleet.WorkflowList{Workflows: []jetfleet.WorkflowInfo{}}
+	err := w.each(ctx, w.defs, func(e jetstream.KeyValueEntry) {
+		def, err := protocol.ParseWorkflowDefinition(e.Value())
+		if err != nil {
+			w.s.log.Warn("stored workflow unreadable; not listed", "workflow", e.Key(), telemetry.LogError, err)
+			return
+		}
+		res.Workflows = append(res.Workflows, jetfleet.WorkflowInfo{Name: def.Name, Description: def.Description,
+			Steps: len(def.Steps), Revision: e.Revision(), Updated: e.Created()})
+	})
+	if err != nil {
+		return nil, internal(err)
+	}
+	slices.SortFunc(res.Workflows, func(a, b jetfleet.WorkflowInfo) int { return strings.Compare(a.Name, b.Name) })
+	return res, nil
+}
+
+func (w *workflows) apiRemove(ctx context.Context, data []byte) (any, error) {
+	var req jetfleet.WorkflowNameRequest
+	if err := protocol.DecodeRequest(data, &req); err != nil {
+		return nil, err
+	}
+	if _, _, err := w.definition(ctx, req.Name); err != nil {
+		if errors.Is(err, protocol.Code(protocol.CodeInvalidArgument)) {
+			return nil, protocol.FieldError("name", "%v", err)
+		}
+		return nil, err
+	}
+	if err := w.defs.Delete(ctx, req.Name); err != nil {
+		return nil, internal(err)
+	}
+	return struct{}{}, nil
+}
+
+func (w *workflows) apiRuns(ctx context.Context, data []byte) (any, error) {
+	var req jetfleet.WorkflowRunsRequest
+	if err := protocol.DecodeRequest(data, &req); err != nil {
+		return nil, err
+	}
+	if err := req.Validate(); err != nil {
+		return nil, err
+	}
+	limit := req.Limit
+	if limit == 0 {
+		limit = 100
+	}
+	runs := []jetfleet.WorkflowRunSummary{}
+	err := w.each(ctx, w.runs, func(e jetstream.KeyValueEntry) {
+		var run workflow.Run
+		if err := json.Unmarshal(e.Value(), &run); err != nil {
+			w.s.log.Warn("stored workflow run unreadable; not listed", "run", e.Key(), telemetry.LogError, err)
+			return
+		}
+		if (req.Workflow != "" && run.Workflow != req.Workflow) || (req.Status != "" && string(run.Status) != req.Status) {
+			return
+		}
+		runs = append(runs, runSummary(&run))
+	})
+	if err != nil {
+		return nil, internal(err)
+	}
+	slices.SortFunc(runs, func(a, b jetfleet.WorkflowRunSummary) int {
+		if c := b.StartedAt.Compare(a.StartedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(a.RunID, b.RunID)
+	})
+	truncated := len(runs) > limit
+	if truncated {
+		runs = runs[:limit]
+	}
+	return map[string]any{"runs": runs, "truncated": truncated}, nil
+}
+
+func (w *workflows) apiRunGet(ctx context.Context, data []byte) (any, error) {
+	var req jetfleet.WorkflowRunIDRequest
+	if err := protocol.DecodeRequest(data, &req); err != nil {
+		return nil, err
+	}
+	if err := protocol.ValidateWorkflowName("run id", req.RunID); err != nil {
+		return nil, protocol.FieldError("run_id", "%v", err)
+	}
+	run, _, err := w.load(ctx, req.RunID)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, protocol.Errorf(protocol.CodeNotFound, "no workflow run %q", req.RunID)
+	}
+	if err != nil {
+		return nil, internal(err)
+	}
+	return runDetail(run), nil
+}
+
+// each calls fn with every current entry of bucket kv.
+func (w *workflows) each(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.KeyValueEntry)) error {
+	watcher, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return err
+	}
+	defer func() { _ = watcher.Stop() }()
+	for {
+		select {
+		case e := <-watcher.Updates():
+			if e == nil {
+				return nil // the initial values are all delivered
+			}
+			fn(e)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func runSummary(r *workflow.Run) jetfleet.WorkflowRunSummary {
+	f := r.Failures()
+	return jetfleet.WorkflowRunSummary{RunID: r.ID, Workflow: r.Workflow, Status: string(r.Status), Round: r.Round,
+		StartedAt: r.StartedAt, UpdatedAt: r.UpdatedAt, EndedAt: r.EndedAt,
+		FailedSteps: len(f.Steps), FailedElements: len(f.Elements)}
+}
+
+func runDetail(r *workflow.Run) *jetfleet.WorkflowRunDetail {
+	d := &jetfleet.WorkflowRunDetail{WorkflowRunSummary: runSummary(r), Input: r.Input}
+	for _, s := range r.Def.Steps {
+		st := r.Steps[s.Name]
+		v := jetfleet.WorkflowStepView{Name: s.Name, Kind: s.Kind, Queue: s.QueueOrDefault(), DependsOn: s.DependsOn,
+			When: s.When, Status: string(st.Status), JobID: protocol.WorkflowStepJobID(r.ID, s.Name, -1, st.Round),
+			Result: st.Result, Error: st.Error, Round: st.Round}
+		if s.IsFanOut() {
+			v.Elements = map[string]int{}
+			for _, el := range st.Elements {
+				v.Elements[string(el.Status)]++
+			}
+		}
+		d.Steps = append(d.Steps, v)
+	}
+	f := r.Failures()
+	for _, sf := range f.Steps {
+		d.Failures.Steps = append(d.Failures.Steps, jetfleet.WorkflowStepFailure{Step: sf.Step, Error: sf.Error,
+			JobID: protocol.WorkflowStepJobID(r.ID, sf.Step, -1, r.Steps[sf.Step].Round)})
+	}
+	for _, ef := range f.Elements {
+		d.Failures.Elements = append(d.Failures.Elements, jetfleet.WorkflowElementFailure{Step: ef.Step, Index: ef.Index,
+			Item: ef.Item, Error: ef.Error,
+			JobID: protocol.WorkflowStepJobID(r.ID, ef.Step, ef.Index, r.Steps[ef.Step].Elements[ef.Index].Round)})
+	}
+	if r.Error != "" {
+		d.Failures.Steps = append(d.Failures.Steps, jetfleet.WorkflowStepFailure{Step: "(run)", Error: r.Error})
+	}
+	return d
+}

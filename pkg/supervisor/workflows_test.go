@@ -1,0 +1,144 @@
+package supervisor_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/jetfleet/jetfleet/pkg/agent"
+	"github.com/jetfleet/jetfleet/pkg/clock"
+	"github.com/jetfleet/jetfleet/pkg/fleettest"
+	"github.com/jetfleet/jetfleet/pkg/jetfleet"
+	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/supervisor"
+	"github.com/jetfleet/jetfleet/pkg/topology"
+)
+
+// TestWorkflowRunSurvivesLeaderCrashes kills the supervisor leader three
+// times (its connection cut, as kill -9 would, without resigning) while a
+// run fans out 200 elements: a new leader takes over each time from the
+// stored run and its unacked events, and in the end every element and the
+// fan-in ran exactly once, none forgotten.
+func TestWorkflowRunSurvivesLeaderCrashes(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{LeaseTTL: 2 * time.Second})
+	cfg := fast(supervisor.Config{})
+	ctx := fleettest.Ctx(t, 3*time.Minute)
+
+	var mu sync.Mutex
+	runs := map[string]int{}
+	var fanIn []json.RawMessage
+	f.startAgent(t, "", agent.Config{Concurrency: 8}, func(a *agent.Agent) {
+		must(t, a.Register("element", func(ctx context.Context, job *agent.Job) error {
+			mu.Lock()
+			runs[job.ID]++
+			mu.Unlock()
+			time.Sleep(20 * time.Millisecond) // the work itself
+			return agent.RecordResult(ctx, map[string]any{"done": job.ID})
+		}, agent.KindOptions{}))
+		must(t, a.Register("sum", func(_ context.Context, job *agent.Job) error {
+			mu.Lock()
+			defer mu.Unlock()
+			runs[job.ID]++
+			fanIn = append(fanIn, job.Payload)
+			return nil
+		}, agent.KindOptions{}))
+	})
+
+	type replica struct {
+		s    *supervisor.Supervisor
+		kill func()
+	}
+	start := func() replica {
+		env := fleettest.NewEnvURL(t, f.srv.ClientURL(), f.topo)
+		env.Logger = f.logs.Wrap(env.Logger)
+		s, err := supervisor.New(cfg, env.Env, clock.Real())
+		require.NoError(t, err)
+		require.NoError(t, s.Start(ctx))
+		t.Cleanup(func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = s.Stop(sctx) // a killed replica's fails on its closed connection
+		})
+		return replica{s: s, kill: env.Conn.Close}
+	}
+	replicas := []replica{start(), start()}
+	leader := func() replica {
+		var found replica
+		waitFor(t, 20*time.Second, "a supervisor leader", func() bool {
+			for _, r := range replicas {
+				if r.s.IsLeader() {
+					found = r
+					return true
+				}
+			}
+			return false
+		})
+		return found
+	}
+	leader()
+
+	items := make([]int, 200)
+	for i := range items {
+		items[i] = i
+	}
+	list, err := json.Marshal(items)
+	require.NoError(t, err)
+	def := &protocol.WorkflowDefinition{Name: "crashy", Steps: []protocol.WorkflowStep{
+		{Name: "each", Kind: "element", ForEach: list, Parallelism: 16, Input: json.RawMessage(`{"n":"{{item}}"}`)},
+		{Name: "sum", Kind: "sum", DependsOn: []string{"each"}, Input: json.RawMessage(`{"ok":"{{steps.each.succeeded}}"}`)},
+	}}
+	_, err = f.client.AddWorkflow(ctx, def)
+	require.NoError(t, err)
+	started, err := f.client.RunWorkflow(ctx, "crashy", nil, jetfleet.RunID("crash-1"))
+	require.NoError(t, err)
+
+	succeeded := func() int {
+		n := 0
+		for _, ev := range f.events.All() {
+			if ev.GetType() == protocol.EventSucceeded && strings.HasPrefix(ev.GetJobId(), "wf:crash-1:each:") {
+				n++
+			}
+		}
+		return n
+	}
+	for i, after := range []int{30, 80, 130} {
+		waitFor(t, 60*time.Second, fmt.Sprintf("%d elements succeeded", after), func() bool { return succeeded() >= after })
+		doomed := leader()
+		doomed.kill()
+		kept := replicas[:0]
+		for _, r := range replicas {
+			if r.s != doomed.s {
+				kept = append(kept, r)
+			}
+		}
+		replicas = append(kept, start())
+		t.Logf("kill %d: the leader died after %d elements", i+1, succeeded())
+	}
+
+	run, err := f.client.WaitWorkflowRun(ctx, started.RunID)
+	require.NoError(t, err)
+	assert.Equal(t, jetfleet.WorkflowSucceeded, run.Status, "%+v", run.Failures)
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range items {
+		id := protocol.WorkflowStepJobID("crash-1", "each", i, 0)
+		assert.Equal(t, 1, runs[id], "element %d ran once", i)
+	}
+	assert.Equal(t, 1, runs[protocol.WorkflowStepJobID("crash-1", "sum", -1, 0)], "the fan-in ran once")
+	require.Len(t, fanIn, 1)
+	var in struct {
+		OK []struct {
+			Index int `json:"index"`
+		} `json:"ok"`
+	}
+	require.NoError(t, json.Unmarshal(fanIn[0], &in))
+	assert.Len(t, in.OK, 200, "the fan-in sees every element")
+}
