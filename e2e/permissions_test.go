@@ -195,8 +195,17 @@ func TestNATSPermissions(t *testing.T) {
 		if run.Status != jetfleet.WorkflowSucceeded {
 			t.Errorf("run %s ended %s, want succeeded: %+v", run.RunID, run.Status, run.Failures)
 		}
+		start := nats.NewMsg("workflows.perm-flow") // one message from the client user starts a run too
+		start.Header.Set("Jetfleet-Run-Id", "perm-msg")
+		start.Data = []byte(`{"from":"a message"}`)
+		if _, err := clientJS.PublishMsg(ctx, start); err != nil {
+			t.Fatal(err)
+		}
+		if run, err = c.WaitWorkflowRun(ctx, "perm-msg"); err != nil || run.Status != jetfleet.WorkflowSucceeded {
+			t.Errorf("run perm-msg: %+v, %v", run, err)
+		}
 		runs, err := c.WorkflowRuns(ctx, jetfleet.WorkflowRunsRequest{Workflow: "perm-flow"})
-		if err != nil || len(runs) != 1 {
+		if err != nil || len(runs) != 2 {
 			t.Errorf("runs of perm-flow: %v, %v", runs, err)
 		}
 	})

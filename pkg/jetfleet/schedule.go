@@ -100,10 +100,17 @@ type Upstream struct {
 	Kind       string `json:"kind,omitempty"`
 }
 
-// Target is the job a fire publishes on jobs.<queue>.<kind>.
+// Target is the job a fire publishes on jobs.<queue>.<kind>, or the
+// workflow whose run it starts.
 type Target struct {
-	Queue string `json:"queue"`
-	Kind  string `json:"kind"`
+	Queue string `json:"queue,omitempty"`
+	Kind  string `json:"kind,omitempty"`
+	// Workflow, instead of Queue and Kind, makes a fire start a run of the
+	// stored workflow of that name (docs/workflows.md): a message on
+	// workflows.<workflow> whose body, the payload, is the run's input. The
+	// run stands for the fire's job: its end is the job's succeeded, dead or
+	// cancelled event. Timeout, MaxAttempts and Backoff are the steps' then.
+	Workflow string `json:"workflow,omitempty"`
 	// Payload is the job's body, any JSON value, written as is.
 	Payload json.RawMessage `json:"payload,omitempty"`
 	// PayloadTemplate is a Go text/template producing the body; see

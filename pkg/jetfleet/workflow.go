@@ -3,6 +3,7 @@ package jetfleet
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -23,11 +24,13 @@ type WorkflowAddRequest struct {
 
 // WorkflowInfo describes a stored definition.
 type WorkflowInfo struct {
-	Name        string    `json:"name"`
-	Description string    `json:"description,omitempty"`
-	Steps       int       `json:"steps"`
-	Revision    uint64    `json:"revision"`
-	Updated     time.Time `json:"updated"`
+	Name        string `json:"name"`
+	Description string `json:"description,omitempty"`
+	Steps       int    `json:"steps"`
+	// Revision is the stored version's revision in bucket workflows: it
+	// grows with every write to the bucket, not by one per workflow.
+	Revision uint64    `json:"revision"`
+	Updated  time.Time `json:"updated"`
 	// Definition is the whole document (get; not in a list).
 	Definition *protocol.WorkflowDefinition `json:"definition,omitempty"`
 }
@@ -116,6 +119,15 @@ type WorkflowRunSummary struct {
 	// FailedSteps and FailedElements count what failed (Failures lists it).
 	FailedSteps    int `json:"failed_steps"`
 	FailedElements int `json:"failed_elements"`
+	// Error says why the run failed as a whole: a start message that could
+	// not start it (an unknown workflow, an input that is not JSON), or a
+	// state too large to store.
+	Error string `json:"error,omitempty"`
+	// JobID is the job the run stands for, when it was started as one (a
+	// schedule's fire, a start message with Jetfleet-Job-Id): its events
+	// report the run's start and end. ScheduleID is the schedule's.
+	JobID      string `json:"job_id,omitempty"`
+	ScheduleID string `json:"schedule_id,omitempty"`
 }
 
 // WorkflowRunIDRequest names a run (get, retry-failed, cancel).
@@ -197,7 +209,7 @@ func (c *Client) Workflow(ctx context.Context, name string) (*WorkflowInfo, erro
 
 // Workflows lists the stored definitions.
 func (c *Client) Workflows(ctx context.Context) ([]WorkflowInfo, error) {
-	var res WorkflowList
+	res := WorkflowList{Workflows: []WorkflowInfo{}}
 	return res.Workflows, c.supervisor(ctx, protocol.APIWorkflowList, struct{}{}, &res)
 }
 
@@ -213,7 +225,7 @@ type RunOption func(*WorkflowRunRequest)
 func RunID(id string) RunOption { return func(r *WorkflowRunRequest) { r.RunID = id } }
 
 // RunWorkflow starts a run of the stored workflow name with input (encoded
-// as JSON; nil for none).
+// as JSON; nil for none; a json.RawMessage for a document already encoded).
 func (c *Client) RunWorkflow(ctx context.Context, name string, input any, opts ...RunOption) (*WorkflowRunResponse, error) {
 	req := WorkflowRunRequest{Workflow: name}
 	if input != nil {
@@ -232,9 +244,9 @@ func (c *Client) RunWorkflow(ctx context.Context, name string, input any, opts .
 
 // WorkflowRuns lists runs, newest first.
 func (c *Client) WorkflowRuns(ctx context.Context, req WorkflowRunsRequest) ([]WorkflowRunSummary, error) {
-	var res struct {
+	res := struct {
 		Runs []WorkflowRunSummary `json:"runs"`
-	}
+	}{Runs: []WorkflowRunSummary{}}
 	return res.Runs, c.supervisor(ctx, protocol.APIWorkflowRuns, &req, &res)
 }
 
@@ -261,15 +273,24 @@ func (c *Client) CancelWorkflowRun(ctx context.Context, runID string) (*Workflow
 
 // WaitWorkflowRun returns the run once it has ended (succeeded, failed or
 // cancelled), or ctx's error. It asks the supervisor every poll interval
-// (250 ms, growing to 2 s).
+// (250 ms, growing to 2 s), each ask bounded by 10 s. A run not found yet is
+// waited for too — its start message may not have been taken yet — and so
+// is a supervisor that does not answer for a moment (unavailable: a leader
+// change); so bound ctx.
 func (c *Client) WaitWorkflowRun(ctx context.Context, runID string) (*WorkflowRunDetail, error) {
 	interval := 250 * time.Millisecond
 	for {
-		run, err := c.WorkflowRun(ctx, runID)
-		if err != nil {
+		askCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		run, err := c.WorkflowRun(askCtx, runID)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case errors.Is(err, protocol.Code(protocol.CodeNotFound)), errors.Is(err, protocol.Code(protocol.CodeUnavailable)),
+			errors.Is(err, context.DeadlineExceeded):
+		case err != nil:
 			return nil, err
-		}
-		if run.EndedAt != nil {
+		case run.EndedAt != nil:
 			return run, nil
 		}
 		t := time.NewTimer(interval)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -309,4 +310,84 @@ func TestWorkflowAPIRefusesBadInput(t *testing.T) {
 	kept, err := client.WorkflowRun(ctx, run.RunID)
 	require.NoError(t, err, "a run outlives its definition")
 	assert.Equal(t, jetfleet.WorkflowSucceeded, kept.Status)
+}
+
+// A run starts from one plain message on workflows.<name> (run id from
+// Jetfleet-Run-Id, else the message id), and from a schedule whose target
+// is a workflow: that run stands for the fire's job, whose status is the
+// run's. A message that cannot start a run becomes a failed run saying why.
+func TestWorkflowStartedByAMessageAndByASchedule(t *testing.T) {
+	nc, stop := startDevFleet()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	client := jetfleet.NewClient(nc)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	_, err = client.AddWorkflowDocument(ctx, []byte(`{"name":"greet","steps":[{"name":"hello","kind":"echo","input":{"to":"{{input.who}}"}}]}`))
+	require.NoError(t, err)
+
+	publish := func(subject, msgID, runID, body string) {
+		t.Helper()
+		msg := nats.NewMsg(subject)
+		msg.Data = []byte(body)
+		if msgID != "" {
+			msg.Header.Set(protocol.HeaderMsgID, msgID)
+		}
+		if runID != "" {
+			msg.Header.Set(protocol.HeaderRunID, runID)
+		}
+		_, err := js.PublishMsg(ctx, msg)
+		require.NoError(t, err)
+	}
+	publish("workflows.greet", "greet-1", "", `{"who":"ada"}`)
+	run, err := client.WaitWorkflowRun(ctx, "greet-1")
+	require.NoError(t, err)
+	assert.Equal(t, jetfleet.WorkflowSucceeded, run.Status)
+	assert.JSONEq(t, `{"who":"ada"}`, string(run.Input))
+
+	publish("workflows.greet", "greet-again", "greet-1", `{"who":"bob"}`) // the run id exists: nothing starts
+	publish("workflows.nope", "nope-1", "", `{}`)
+	publish("workflows.greet", "bad-body", "", `not json`)
+	workflows, err := js.Stream(ctx, protocol.StreamWorkflows)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		info, err := workflows.Info(ctx)
+		return err == nil && info.State.Msgs == 0
+	}, 20*time.Second, 20*time.Millisecond, "the supervisor takes every start message")
+	runs, err := client.WorkflowRuns(ctx, jetfleet.WorkflowRunsRequest{Workflow: "greet"})
+	require.NoError(t, err)
+	require.Len(t, runs, 2, "greet-1 once, and the refused bad-body")
+	refused, err := client.WorkflowRun(ctx, "nope-1")
+	require.NoError(t, err)
+	assert.Equal(t, jetfleet.WorkflowFailed, refused.Status)
+	assert.Contains(t, refused.Error, `no workflow "nope"`)
+	refused, err = client.WorkflowRun(ctx, "bad-body")
+	require.NoError(t, err)
+	assert.Equal(t, jetfleet.WorkflowFailed, refused.Status)
+	assert.Contains(t, refused.Error, "not JSON")
+
+	_, err = client.AddSchedule(ctx, &jetfleet.Schedule{ID: "greet-hourly", Spec: jetfleet.Spec{Cron: "0 * * * *"},
+		Target: jetfleet.Target{Workflow: "greet", Payload: json.RawMessage(`{"who":"the schedule"}`)},
+		Policy: jetfleet.Policy{Overlap: jetfleet.OverlapSkip}})
+	require.NoError(t, err)
+	fired, err := client.TriggerSchedule(ctx, "greet-hourly")
+	require.NoError(t, err)
+	job, err := client.Wait(ctx, fired.JobID)
+	require.NoError(t, err)
+	assert.Equal(t, jetfleet.JobSucceeded, job.State, "the fire's job ends as its run does")
+	runs, err = client.WorkflowRuns(ctx, jetfleet.WorkflowRunsRequest{Workflow: "greet", Status: "succeeded"})
+	require.NoError(t, err)
+	require.Len(t, runs, 2)
+	assert.Equal(t, fired.JobID, runs[0].JobID, "the newest run stands for the fire's job")
+	assert.Equal(t, "greet-hourly", runs[0].ScheduleID)
+
+	_, err = client.AddSchedule(ctx, &jetfleet.Schedule{ID: "greet-bad", Spec: jetfleet.Spec{Cron: "0 * * * *"},
+		Target: jetfleet.Target{Workflow: "greet"}, Policy: jetfleet.Policy{Overlap: jetfleet.OverlapCancelPrevious}})
+	require.ErrorIs(t, err, protocol.Code(protocol.CodeInvalidArgument))
+	assert.Contains(t, err.Error(), "policy.overlap")
+	_, err = client.AddSchedule(ctx, &jetfleet.Schedule{ID: "greet-bad", Spec: jetfleet.Spec{Cron: "0 * * * *"},
+		Target: jetfleet.Target{Workflow: "greet", Kind: "echo"}})
+	require.ErrorIs(t, err, protocol.Code(protocol.CodeInvalidArgument))
+	assert.Contains(t, err.Error(), "target.kind")
 }

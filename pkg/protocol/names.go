@@ -20,7 +20,23 @@ const (
 	// on DelayedSubject, which fires the job on DueSubject when it is due;
 	// JOBS sources the due jobs onto jobs.<queue>.<kind>.
 	StreamDelayed = "DELAYED"
+	// StreamWorkflows holds the messages that start workflow runs
+	// (work-queue retention), on WorkflowsSubjects: the supervisor leader
+	// takes each one (docs/protocol.md §8.2).
+	StreamWorkflows = "WORKFLOWS"
 )
+
+// WorkflowsSubjects are the subjects of StreamWorkflows:
+// workflows.<workflow name>, whose body is the run's input.
+const WorkflowsSubjects = "workflows.>"
+
+// WorkflowStartSubject is where a message starts a run of workflow.
+func WorkflowStartSubject(workflow string) string { return "workflows." + workflow }
+
+// WorkflowJobQueue is the queue token of the job events a run reports for
+// the job id it was started as (a schedule's fire, a message with
+// Jetfleet-Job-Id): events.job._workflows.<workflow>.<type>.<job token>.
+const WorkflowJobQueue = "_workflows"
 
 // DelayedConsumer is a consumer of DELAYED that is never read: its count of
 // pending messages is the count of delayed jobs.

@@ -52,6 +52,8 @@ const (
 	// a workflow step's job (informative: the job id says the same).
 	HeaderWorkflowRun  = "Jetfleet-Workflow-Run"
 	HeaderWorkflowStep = "Jetfleet-Workflow-Step"
+	// HeaderRunID names the run a message on workflows.<name> starts.
+	HeaderRunID = "Jetfleet-Run-Id"
 	// HeaderDeadLetter points at the failed job's dead letter: "DLQ:<sequence>".
 	HeaderDeadLetter = "Jetfleet-Dead-Letter"
 )

@@ -49,6 +49,9 @@ type compiled struct {
 	text string // the trigger, for listings
 
 	queue, kindName string
+	// workflow: a fire starts a run of workflow kindName (queue is
+	// protocol.WorkflowJobQueue, that of the run's job events).
+	workflow bool
 	payload         []byte
 	tmpl            *template.Template
 	timeout         time.Duration
@@ -100,6 +103,9 @@ func compile(s *jetfleet.Schedule) (*compiled, error) {
 	}
 	if err := c.compilePolicy(&s.Policy); err != nil {
 		return nil, err
+	}
+	if c.workflow && c.overlap == overlapCancelPrevious {
+		return nil, protocol.FieldError("policy.overlap", "cancel_previous cancels a job, not a workflow run: use allow, skip or buffer_one")
 	}
 	if c.tmpl != nil && c.kind == kindTime {
 		// Time triggers know their whole template data: run it once now.
@@ -261,6 +267,31 @@ func (c *compiled) compileDependency(self string, dep *jetfleet.Dependency) erro
 }
 
 func (c *compiled) compileTarget(t *jetfleet.Target) error {
+	if t.Workflow != "" {
+		if err := c.compileWorkflowTarget(t); err != nil {
+			return err
+		}
+	} else if err := c.compileJobTarget(t); err != nil {
+		return err
+	}
+	return c.compilePayload(t)
+}
+
+func (c *compiled) compileWorkflowTarget(t *jetfleet.Target) error {
+	if err := protocol.ValidateWorkflowName("workflow", t.Workflow); err != nil {
+		return protocol.FieldError("target.workflow", "%v", err)
+	}
+	for field, set := range map[string]bool{"target.queue": t.Queue != "", "target.kind": t.Kind != "",
+		"target.timeout": t.Timeout != 0, "target.max_attempts": t.MaxAttempts != 0, "target.backoff": len(t.Backoff) > 0} {
+		if set {
+			return protocol.FieldError(field, "a workflow target takes none: its steps set their own")
+		}
+	}
+	c.queue, c.kindName, c.workflow = protocol.WorkflowJobQueue, intern(t.Workflow), true
+	return nil
+}
+
+func (c *compiled) compileJobTarget(t *jetfleet.Target) error {
 	if err := protocol.ValidateToken("queue", t.Queue); err != nil {
 		return protocol.FieldError("target.queue", "%v", err)
 	}
@@ -268,6 +299,10 @@ func (c *compiled) compileTarget(t *jetfleet.Target) error {
 		return protocol.FieldError("target.kind", "%v", err)
 	}
 	c.queue, c.kindName = intern(t.Queue), intern(t.Kind)
+	return nil
+}
+
+func (c *compiled) compilePayload(t *jetfleet.Target) error {
 	if len(t.Payload) > 0 && t.PayloadTemplate != "" {
 		return protocol.FieldError("target.payload_template", "set target.payload or target.payload_template, not both")
 	}

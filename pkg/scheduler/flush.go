@@ -156,7 +156,7 @@ func (e *engine) publishFires(w *batchWait) {
 		w := f.en.work
 		w.fires++
 		w.lastJobID, w.lastFireNom, w.lastFiredAt = f.jobID, f.nominal, f.sent.UnixNano()
-		if w.running == f.jobID {
+		if w.running == f.jobID && !f.en.c.workflow { // a run's start message is no job in JOBS
 			w.runningSeq = f.ack.Sequence
 		}
 		switch f.source {
@@ -384,5 +384,12 @@ func (e *engine) jobMsg(f *fireReq) (*nats.Msg, error) {
 	if c.backoff != "" {
 		job.Header.Set(protocol.HeaderBackoff, c.backoff)
 	}
-	return job.Msg()
+	msg, err := job.Msg()
+	if err == nil && c.workflow {
+		// The same headers (job id as Nats-Msg-Id, schedule, nominal
+		// time) on the run's start message: the supervisor starts the run
+		// as this job (docs/protocol.md §8.2).
+		msg.Subject = protocol.WorkflowStartSubject(c.kindName)
+	}
+	return msg, err
 }

@@ -99,6 +99,15 @@ func isClosed(ch chan struct{}) bool {
 	}
 }
 
+// holds reports whether the runner still holds jobID: running it, or
+// settling its attempt (its event published, the ack or NAK not yet sent).
+func (r *jobRunner) holds(jobID string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.running[jobID]
+	return ok
+}
+
 // attemptsOf counts the deliveries of jobID the runner ran.
 func (r *jobRunner) attemptsOf(jobID string) int {
 	r.mu.Lock()

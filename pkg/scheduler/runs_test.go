@@ -211,6 +211,10 @@ func TestCancelPreviousRemovesARunBetweenAttempts(t *testing.T) {
 	})
 	o.at(t, 10*time.Second)
 	o.jobs.waitFor(t, first, protocol.EventRetrying)
+	// The retrying event goes out before the NAK: until the runner lets go,
+	// a cancel reaches it holding the job instead of finding it in JOBS.
+	require.Eventually(t, func() bool { return !o.run.holds(first) }, 10*time.Second, 5*time.Millisecond,
+		"the runner hands the first run back")
 	seq := o.f.jobSeq(t, first)
 
 	o.at(t, 20*time.Second)

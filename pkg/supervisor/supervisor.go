@@ -225,6 +225,8 @@ func (s *Supervisor) provision(ctx context.Context) error {
 		{protocol.StreamDLQ, jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy,
 			AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1000}},
 		{protocol.StreamEvents, eventsConsumerConfig()},
+		{protocol.StreamWorkflows, jetstream.ConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy,
+			AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1000}},
 	}
 	for _, c := range consumers {
 		cfg := leaderConsumer(c.cfg)
@@ -321,6 +323,7 @@ func (s *Supervisor) leaderTasks() []replica.Task {
 		{Name: "trends: rollups and verdicts", Lead: s.trends.lead},
 		{Name: "queues: depth gauge", Lead: s.queueDepthLoop},
 		{Name: "workflows: forwarded requests", Lead: s.workflows.lead},
+		{Name: "workflows: start messages", Lead: s.workflows.consumeStarts},
 	}
 }
 

@@ -2,17 +2,25 @@ package supervisor
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 	"github.com/nats-io/nuid"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
@@ -225,7 +233,205 @@ func (w *workflows) act(ctx context.Context, run *workflow.Run, acts workflow.Ac
 	if acts.Alert != nil {
 		w.alert(ctx, run, acts.Alert)
 	}
+	if acts.Ended {
+		if err := w.reportAsJob(ctx, run, ""); err != nil {
+			return err
+		}
+		w.traceEnd(ctx, run)
+	}
 	return nil
+}
+
+// traceParentHeader is the W3C trace context header.
+const traceParentHeader = "traceparent"
+
+// traceStart records the run's root span, workflow.run <workflow>, as a
+// child of the start message's trace context when it has one (a schedule's
+// fire), and returns its context for the steps' jobs: their attempts are
+// its children, so Jaeger shows a run as one trace. The span itself ends at
+// once (a run outlives any one leader); workflow.end marks the end.
+func (w *workflows) traceStart(ctx context.Context, run *workflow.Run, parent nats.Header) string {
+	if parent != nil {
+		ctx = telemetry.Extract(ctx, parent)
+	}
+	ctx, span := w.s.tracer().Start(ctx, "workflow.run "+run.Workflow, trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(attribute.String("jetfleet.workflow", run.Workflow), attribute.String("jetfleet.workflow_run", run.ID),
+			attribute.Int("jetfleet.workflow_steps", len(run.Def.Steps))))
+	defer span.End()
+	h := nats.Header{}
+	telemetry.Inject(ctx, h)
+	return h.Get(traceParentHeader)
+}
+
+// traceEnd records workflow.end <workflow> in the run's trace: its status
+// and what failed.
+func (w *workflows) traceEnd(ctx context.Context, run *workflow.Run) {
+	h := nats.Header{}
+	if run.TraceParent != "" {
+		h.Set(traceParentHeader, run.TraceParent)
+	}
+	f := run.Failures()
+	_, span := w.s.jobSpan(ctx, "workflow.end "+run.Workflow, h, attribute.String("jetfleet.workflow", run.Workflow),
+		attribute.String("jetfleet.workflow_run", run.ID), attribute.String("jetfleet.workflow_status", string(run.Status)),
+		attribute.Int("jetfleet.workflow_round", run.Round), attribute.Int("jetfleet.workflow_failed_steps", len(f.Steps)),
+		attribute.Int("jetfleet.workflow_failed_elements", len(f.Elements)))
+	if run.Status == workflow.StatusFailed {
+		span.SetStatus(codes.Error, fmt.Sprintf("%d steps and %d elements failed", len(f.Steps), len(f.Elements)))
+	}
+	span.End()
+}
+
+// reportAsJob publishes the job event that stands for a run started as a
+// job (its Trigger): started when it starts, then succeeded, dead (reason
+// workflow_failed) or cancelled at the end of each round, so that the
+// schedule that fired it sees its run end like any job's (overlap
+// policies, dependency triggers, history). typ "" is the end's event.
+func (w *workflows) reportAsJob(ctx context.Context, run *workflow.Run, typ string) error {
+	trig := run.Trigger
+	if trig == nil || trig.JobID == "" {
+		return nil
+	}
+	ev := &jetfleetpb.JobEvent{JobId: trig.JobID, Queue: protocol.WorkflowJobQueue, Kind: run.Workflow,
+		ScheduleId: trig.ScheduleID, Time: timestampNow(w.s.clk)}
+	if protocol.ValidateToken("kind", run.Workflow) != nil {
+		ev.Kind = "_invalid"
+	}
+	if t, err := time.Parse(time.RFC3339, trig.NominalTime); err == nil {
+		ev.NominalTime = timestamppb.New(t)
+	}
+	switch {
+	case typ != "":
+		ev.Type = typ
+	case run.Status == workflow.StatusSucceeded:
+		ev.Type = protocol.EventSucceeded
+	case run.Status == workflow.StatusCancelled:
+		ev.Type, ev.Reason, ev.Error = protocol.EventCancelled, protocol.ReasonCancelled, "the workflow run was cancelled"
+	default:
+		f := run.Failures()
+		ev.Type, ev.Reason = protocol.EventDead, reasonWorkflowFailed
+		ev.Error = fmt.Sprintf("workflow run %s failed: %d steps and %d elements failed", run.ID, len(f.Steps), len(f.Elements))
+		if run.Error != "" {
+			ev.Error = "workflow run " + run.ID + ": " + run.Error
+		}
+	}
+	rctx, cancel := w.s.requestCtx(ctx)
+	defer cancel()
+	msgID := fmt.Sprintf("%s:workflow:%s:%d", ev.GetType(), run.ID, run.Round)
+	if err := w.s.publishJobEvent(rctx, ev, msgID); err != nil {
+		return fmt.Errorf("report run %s as job %s: %w", run.ID, trig.JobID, err)
+	}
+	return nil
+}
+
+// reasonWorkflowFailed is the reason of the dead event of a failed run's job.
+const reasonWorkflowFailed = "workflow_failed"
+
+// consumeStarts starts a run for every message on workflows.<name>
+// (stream WORKFLOWS; durably, leader only). A message that cannot start
+// one — an unknown workflow, an input that is not JSON — becomes a run
+// that failed at once with the reason, listed with the others.
+func (w *workflows) consumeStarts(ctx context.Context) {
+	w.s.consume(ctx, protocol.StreamWorkflows, 64, func(ctx context.Context, msgs []jetstream.Msg) {
+		for _, m := range msgs {
+			if err := w.startFromMessage(ctx, m); err != nil {
+				if ctx.Err() == nil {
+					w.s.log.Warn("workflow start not handled; it is tried again", "subject", m.Subject(), telemetry.LogError, err)
+				}
+				_ = m.NakWithDelay(time.Second)
+				continue
+			}
+			_ = m.Ack()
+		}
+	})
+}
+
+func (w *workflows) startFromMessage(ctx context.Context, m jetstream.Msg) error {
+	meta, err := m.Metadata()
+	if err != nil {
+		return nil //nolint:nilerr // not a JetStream message
+	}
+	h := m.Headers()
+	name := strings.TrimPrefix(m.Subject(), "workflows.")
+	var trig *workflow.Trigger
+	if id := h.Get(protocol.HeaderJobID); id != "" && protocol.ValidateJobID(id) == nil {
+		trig = &workflow.Trigger{JobID: id, ScheduleID: h.Get(protocol.HeaderScheduleID), NominalTime: h.Get(protocol.HeaderNominalTime)}
+	}
+	runID := h.Get(protocol.HeaderRunID)
+	if runID == "" {
+		runID = derivedRunID(h.Get(protocol.HeaderMsgID), meta.Sequence.Stream)
+		if trig != nil {
+			runID = derivedRunID(trig.JobID, meta.Sequence.Stream)
+		}
+	}
+	input := m.Data()
+	refuse := func(reason string) error { return w.refuse(ctx, name, runID, input, trig, reason) }
+	switch {
+	case protocol.ValidateWorkflowName("run id", runID) != nil:
+		runID = derivedRunID("", meta.Sequence.Stream)
+		return refuse(fmt.Sprintf("header %s %q is not a run id: 1 to 64 of A-Z a-z 0-9 - _", protocol.HeaderRunID, h.Get(protocol.HeaderRunID)))
+	case protocol.ValidateWorkflowName("workflow", name) != nil:
+		return refuse(fmt.Sprintf("subject %s does not name a workflow: workflows.<name>, a name of 1 to 64 of A-Z a-z 0-9 - _", m.Subject()))
+	case len(input) > 0 && !json.Valid(input):
+		return refuse("the message's body is not JSON: a run's input is a JSON value")
+	}
+	_, err = w.start(ctx, jetfleet.WorkflowRunRequest{Workflow: name, RunID: runID, Input: input}, trig, h)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, protocol.Code(protocol.CodeNotFound)), errors.Is(err, protocol.Code(protocol.CodeInvalidArgument)):
+		return refuse(err.Error())
+	}
+	return err
+}
+
+// derivedRunID is the run id of a start message without Jetfleet-Run-Id:
+// from its job or message id (deterministic, so that the same message sent
+// again starts nothing), else WORKFLOWS-<stream sequence>.
+func derivedRunID(id string, seq uint64) string {
+	if id == "" {
+		return protocol.StreamWorkflows + "-" + strconv.FormatUint(seq, 10)
+	}
+	if protocol.ValidateWorkflowName("run id", id) == nil {
+		return id
+	}
+	clean := []byte(id)
+	for i, c := range clean {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			clean[i] = '-'
+		}
+	}
+	if len(clean) <= protocol.MaxWorkflowNameLength {
+		return string(clean)
+	}
+	sum := sha256.Sum256([]byte(id))
+	return string(clean[:protocol.MaxWorkflowNameLength-17]) + "-" + hex.EncodeToString(sum[:8])
+}
+
+// refuse records a start message that cannot start a run as a run that
+// failed at once, with reason as its error (and its job's dead event).
+func (w *workflows) refuse(ctx context.Context, name, runID string, input []byte, trig *workflow.Trigger, reason string) error {
+	now := w.s.clk.Now().UTC()
+	run := &workflow.Run{ID: runID, Workflow: name, Status: workflow.StatusFailed, Error: reason, Trigger: trig,
+		Steps: map[string]*workflow.StepState{}, StartedAt: now, UpdatedAt: now, EndedAt: &now}
+	if json.Valid(input) {
+		run.Input = input
+	}
+	data, err := json.Marshal(run)
+	if err != nil {
+		return err
+	}
+	rctx, cancel := w.s.requestCtx(ctx)
+	defer cancel()
+	if _, err := w.runs.Create(rctx, runID, data); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return nil // refused before, or a run of that id exists: nothing to start
+		}
+		return err
+	}
+	w.s.log.Warn("workflow start refused", "run", runID, "workflow", name, "reason", reason)
+	w.alert(ctx, run, &workflow.Failures{Steps: []workflow.StepFailure{{Step: "(run)", Error: reason}}})
+	w.s.metrics.workflowRuns.Add(ctx, 1, attrs("workflow", name, "event", "refused"))
+	return w.reportAsJob(ctx, run, "")
 }
 
 // publish sends the jobs of a transition at once and waits for every ack.
@@ -233,6 +439,9 @@ func (w *workflows) publish(ctx context.Context, run *workflow.Run, jobs []workf
 	futures := make([]jetstream.PubAckFuture, 0, len(jobs))
 	for _, j := range jobs {
 		h := nats.Header{}
+		if run.TraceParent != "" {
+			h.Set(traceParentHeader, run.TraceParent)
+		}
 		h.Set(protocol.HeaderWorkflowRun, run.ID)
 		h.Set(protocol.HeaderWorkflowStep, j.Step)
 		job := protocol.Job{ID: j.ID, Queue: j.Queue, Kind: j.Kind, Payload: j.Payload, Timeout: j.Timeout,
@@ -296,7 +505,7 @@ func (w *workflows) load(ctx context.Context, runID string) (*workflow.Run, uint
 
 // start begins a run of a stored workflow: it publishes the first steps'
 // jobs, then creates the run. A run id already stored starts nothing.
-func (w *workflows) start(ctx context.Context, req jetfleet.WorkflowRunRequest) (*jetfleet.WorkflowRunResponse, error) {
+func (w *workflows) start(ctx context.Context, req jetfleet.WorkflowRunRequest, trig *workflow.Trigger, parent nats.Header) (*jetfleet.WorkflowRunResponse, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if req.RunID == "" {
@@ -319,8 +528,13 @@ func (w *workflows) start(ctx context.Context, req jetfleet.WorkflowRunRequest) 
 	if err != nil {
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "%v", err)
 	}
+	run.Trigger = trig
+	run.TraceParent = w.traceStart(ctx, run, parent)
 	now := w.s.clk.Now().UTC()
 	run.StartedAt, run.UpdatedAt = now, now
+	if err := w.reportAsJob(ctx, run, protocol.EventStarted); err != nil {
+		return nil, internal(err)
+	}
 	if acts.Ended {
 		run.EndedAt = &now
 	}
@@ -421,7 +635,7 @@ func (w *workflows) leaderOp(ctx context.Context, op string, data []byte) (any, 
 		if len(req.Input) > 0 && !json.Valid(req.Input) {
 			return nil, protocol.FieldError("input", "is not a JSON value")
 		}
-		return w.start(ctx, req)
+		return w.start(ctx, req, nil, nil)
 	}
 	var req jetfleet.WorkflowRunIDRequest
 	if err := protocol.DecodeRequest(data, &req); err != nil {
@@ -624,9 +838,13 @@ func (w *workflows) each(ctx context.Context, kv jetstream.KeyValue, fn func(jet
 
 func runSummary(r *workflow.Run) jetfleet.WorkflowRunSummary {
 	f := r.Failures()
-	return jetfleet.WorkflowRunSummary{RunID: r.ID, Workflow: r.Workflow, Status: string(r.Status), Round: r.Round,
+	sum := jetfleet.WorkflowRunSummary{RunID: r.ID, Workflow: r.Workflow, Status: string(r.Status), Round: r.Round,
 		StartedAt: r.StartedAt, UpdatedAt: r.UpdatedAt, EndedAt: r.EndedAt,
-		FailedSteps: len(f.Steps), FailedElements: len(f.Elements)}
+		FailedSteps: len(f.Steps), FailedElements: len(f.Elements), Error: r.Error}
+	if r.Trigger != nil {
+		sum.JobID, sum.ScheduleID = r.Trigger.JobID, r.Trigger.ScheduleID
+	}
+	return sum
 }
 
 func runDetail(r *workflow.Run) *jetfleet.WorkflowRunDetail {
@@ -653,9 +871,6 @@ func runDetail(r *workflow.Run) *jetfleet.WorkflowRunDetail {
 		d.Failures.Elements = append(d.Failures.Elements, jetfleet.WorkflowElementFailure{Step: ef.Step, Index: ef.Index,
 			Item: ef.Item, Error: ef.Error,
 			JobID: protocol.WorkflowStepJobID(r.ID, ef.Step, ef.Index, r.Steps[ef.Step].Elements[ef.Index].Round)})
-	}
-	if r.Error != "" {
-		d.Failures.Steps = append(d.Failures.Steps, jetfleet.WorkflowStepFailure{Step: "(run)", Error: r.Error})
 	}
 	return d
 }

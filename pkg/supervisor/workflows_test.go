@@ -9,8 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/jetfleet/jetfleet/pkg/agent"
 	"github.com/jetfleet/jetfleet/pkg/clock"
@@ -141,4 +143,60 @@ func TestWorkflowRunSurvivesLeaderCrashes(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal(fanIn[0], &in))
 	assert.Len(t, in.OK, 200, "the fan-in sees every element")
+}
+
+// TestWorkflowRunIsOneTrace: a run started by a message with a trace
+// context is one trace: its root span is the message's child, every step's
+// job carries the root as its traceparent, and workflow.end closes it.
+func TestWorkflowRunIsOneTrace(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	env := fleettest.NewEnv(t, f.srv, f.topo)
+	s, err := supervisor.New(fast(supervisor.Config{}), env.Env, nil)
+	require.NoError(t, err)
+	ctx := fleettest.Ctx(t, time.Minute)
+	require.NoError(t, s.Start(ctx))
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = s.Stop(sctx)
+	})
+	require.NoError(t, s.WaitLeading(ctx, true))
+	f.startAgent(t, "", agent.Config{}, func(a *agent.Agent) {
+		must(t, a.Register("step", func(context.Context, *agent.Job) error { return nil }, agent.KindOptions{}))
+	})
+	_, err = f.client.AddWorkflow(ctx, &protocol.WorkflowDefinition{Name: "traced", Steps: []protocol.WorkflowStep{
+		{Name: "a", Kind: "step"}, {Name: "b", Kind: "step", DependsOn: []string{"a"}, ForEach: json.RawMessage(`[1,2]`)}}})
+	require.NoError(t, err)
+
+	traceID, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	const parent = "00f067aa0ba902b7"
+	msg := nats.NewMsg(protocol.WorkflowStartSubject("traced"))
+	msg.Header.Set(protocol.HeaderRunID, "traced-1")
+	msg.Header.Set("traceparent", "00-"+traceID.String()+"-"+parent+"-01")
+	_, err = f.js.PublishMsg(ctx, msg)
+	require.NoError(t, err)
+	run, err := f.client.WaitWorkflowRun(ctx, "traced-1")
+	require.NoError(t, err)
+	require.Equal(t, jetfleet.WorkflowSucceeded, run.Status)
+
+	var root trace.SpanID
+	ends := 0
+	for _, sp := range env.Spans.GetSpans() {
+		switch sp.Name {
+		case "workflow.run traced":
+			assert.Equal(t, traceID, sp.SpanContext.TraceID())
+			assert.Equal(t, parent, sp.Parent.SpanID().String(), "the start message's child")
+			root = sp.SpanContext.SpanID()
+		case "workflow.end traced":
+			ends++
+			assert.Equal(t, traceID, sp.SpanContext.TraceID())
+		}
+	}
+	require.True(t, root.IsValid(), "the run's root span was recorded")
+	assert.Equal(t, 1, ends)
+	for _, id := range []string{"wf:traced-1:a", "wf:traced-1:b:0", "wf:traced-1:b:1"} {
+		ev := f.events.WaitFor(t, 10*time.Second, id, protocol.EventSucceeded)
+		assert.Equal(t, traceID.String(), ev.GetTraceId(), "job %s is in the run's trace", id)
+	}
 }

@@ -116,7 +116,7 @@ func TestEnsureConcurrentlyEndsWithOneTopologyAndRerunIsNoop(t *testing.T) {
 		names[n] = true
 	}
 	assert.Equal(t, map[string]bool{"JOBS": true, "DLQ": true, "EVENTS": true, "ADVISORIES": true,
-		"KV_schedules": true, "KV_schedule_state": true, "KV_leases": true, "KV_agents": true, "KV_cancels": true, "KV_limits": true, "KV_unique": true, "KV_workflows": true, "KV_workflow_runs": true, "DELAYED": true}, names)
+		"KV_schedules": true, "KV_schedule_state": true, "KV_leases": true, "KV_agents": true, "KV_cancels": true, "KV_limits": true, "KV_unique": true, "KV_workflows": true, "WORKFLOWS": true, "KV_workflow_runs": true, "DELAYED": true}, names)
 	cons, err := js.Consumer(ctx(t), protocol.StreamJobs, "queue-default")
 	require.NoError(t, err)
 	assert.Equal(t, 45*time.Second, cons.CachedInfo().Config.AckWait)

@@ -183,7 +183,8 @@ func TestJSONViewsCoverEveryDuration(t *testing.T) {
 		jetfleet.QueueRemoveResponse{}, jetfleet.RunningJobsResponse{}, jetfleet.JobDetail{}, jetfleet.HistoryResponse{},
 		jetfleet.DLQListResponse{}, jetfleet.DeadLetterEntry{}, jetfleet.ReplayResponse{}, jetfleet.PurgeResponse{},
 		jetfleet.ScheduleInfo{}, jetfleet.ScheduleListResponse{}, jetfleet.TriggerResponse{}, jetfleet.PreviewResponse{},
-		jetfleet.BackfillResponse{}, submitted{}, bench.Report{}}
+		jetfleet.BackfillResponse{}, submitted{}, bench.Report{}, jetfleet.WorkflowInfo{}, []jetfleet.WorkflowInfo{},
+		jetfleet.WorkflowNameRequest{}, jetfleet.WorkflowRunResponse{}, []jetfleet.WorkflowRunSummary{}, jetfleet.WorkflowRunDetail{}}
 	found := map[string]bool{}
 	seen := map[reflect.Type]bool{}
 	var walk func(t reflect.Type)

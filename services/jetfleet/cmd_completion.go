@@ -80,12 +80,14 @@ func flagWords(name string) []string {
 		return []string{jetfleet.MisfireFireOnce, jetfleet.MisfireFireAll, jetfleet.MisfireSkip}
 	case "scenario":
 		return append([]string{"all"}, bench.Scenarios...)
+	case "status":
+		return workflowRunStatuses
 	}
 	return nil
 }
 
 // fileFlags take a file name.
-var fileFlags = map[string]bool{"f": true, "creds": true, "nkey": true, "config": true, "cpuprofile": true}
+var fileFlags = map[string]bool{"f": true, "creds": true, "nkey": true, "config": true, "cpuprofile": true, "input-file": true}
 
 func isBoolFlag(f *flag.Flag) bool {
 	b, ok := f.Value.(interface{ IsBoolFlag() bool })

@@ -68,6 +68,9 @@ func TestBashCompletion(t *testing.T) {
 		{[]string{"jetfleet", "help", "que"}, "queue"},
 		{[]string{"jetfleet", "help", "jobs", "h"}, "history"},
 		{[]string{"jetfleet", "submit", "-pass"}, "-password"},
+		{[]string{"jetfleet", "workflow", "r"}, "rm run runs retry-failed"},
+		{[]string{"jetfleet", "workflow", "runs", "-status", "c"}, "cancelled"},
+		{[]string{"jetfleet", "workflow", "run", "-w"}, "-wait -wait-timeout"},
 	} {
 		words := make([]string, len(tc.words))
 		for i, w := range tc.words {

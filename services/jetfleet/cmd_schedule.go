@@ -46,6 +46,7 @@ type definitionFlags struct {
 	cron, zone, every, phase, anchor, at, event  string
 	after                                        listFlag
 	queue, kind, payload, template, backoff      string
+	workflow                                     string
 	timeout                                      time.Duration
 	attempts                                     int
 	overlap, window, misfire, jitter, start, end string
@@ -75,6 +76,7 @@ func addDefinitionFlags(fs *flag.FlagSet, withFile bool) *definitionFlags {
 	fs.Var(&d.after, "after", "fire after a run of this `upstream` succeeds: a schedule id, queue/kind or */kind (repeat for fan-in)")
 	fs.StringVar(&d.queue, "queue", "default", "`queue` of the fired jobs")
 	fs.StringVar(&d.kind, "kind", "", "`kind` of the fired jobs")
+	fs.StringVar(&d.workflow, "workflow", "", "start a run of this stored `workflow` instead of a job (the payload is its input; not with -kind)")
 	fs.StringVar(&d.payload, "payload", "", "job payload, a JSON `value`")
 	fs.StringVar(&d.template, "payload-template", "", "job payload as a Go text/`template`")
 	fs.DurationVar(&d.timeout, "job-timeout", 0, "bound on one attempt of a fired job")
@@ -132,6 +134,12 @@ func (d *definitionFlags) build(id string) (*jetfleet.Schedule, error) {
 		Spec:   jetfleet.Spec{Cron: d.cron, Zone: d.zone},
 		Target: jetfleet.Target{Queue: d.queue, Kind: d.kind, PayloadTemplate: d.template, Timeout: jetfleet.Duration(d.timeout), MaxAttempts: d.attempts},
 		Policy: jetfleet.Policy{Overlap: d.overlap, Misfire: d.misfire, MaxCatchUp: d.maxCatchUp}}
+	if d.workflow != "" {
+		if d.kind != "" {
+			return nil, flagValueErrorf("-workflow and -kind: a schedule starts a workflow run or fires a job, not both")
+		}
+		s.Target.Queue, s.Target.Workflow = "", d.workflow
+	}
 	var err error
 	if d.every != "" {
 		iv := &jetfleet.Interval{}
@@ -338,7 +346,11 @@ func printSchedule(out io.Writer, info *jetfleet.ScheduleInfo) error {
 		fmt.Fprintf(tw, "DESCRIPTION\t%s\n", s.Description)
 	}
 	fmt.Fprintf(tw, "TRIGGER\t%s\n", describeTrigger(s.Spec))
-	fmt.Fprintf(tw, "TARGET\t%s\n", protocol.JobSubject(s.Target.Queue, s.Target.Kind))
+	if s.Target.Workflow != "" {
+		fmt.Fprintf(tw, "TARGET\tworkflow %s (%s)\n", s.Target.Workflow, protocol.WorkflowStartSubject(s.Target.Workflow))
+	} else {
+		fmt.Fprintf(tw, "TARGET\t%s\n", protocol.JobSubject(s.Target.Queue, s.Target.Kind))
+	}
 	state := "active"
 	if s.Paused {
 		state = "paused"
@@ -485,7 +497,7 @@ func setupSchedulePreview(fs *flag.FlagSet) action {
 			if err != nil {
 				return err
 			}
-			if def.Target.Kind == "" {
+			if def.Target.Kind == "" && def.Target.Workflow == "" {
 				def.Target.Kind = "preview"
 			}
 			req.Schedule = def

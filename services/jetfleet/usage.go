@@ -18,8 +18,8 @@ Commands that talk to a fleet connect to -server ($NATS_URL, default nats://127.
 "s" suffix ("1.5s", "30s"), the proto3 JSON form, and times are RFC 3339.
 
 Exit status: 0 done; 1 failed or refused (a dead letter replayed before, a purge that found nothing to purge,
-a trigger the overlap policy skipped); 2 a usage error (a missing argument, an unknown command or flag, a bad
-flag value).
+a trigger the overlap policy skipped, a run that 'workflow run -wait' saw fail); 2 a usage error (a missing
+argument, an unknown command or flag, a bad flag value).
 
 Run 'jetfleet help <command>' or 'jetfleet <command> -h' for a command's flags.
 'jetfleet completion bash|zsh' prints a shell completion script.`

@@ -51,11 +51,25 @@ type Run struct {
 	Steps map[string]*StepState `json:"steps"`
 	// Error says why a run failed as a whole (Abort).
 	Error string `json:"error,omitempty"`
+	// Trigger is the job id the run was started as, when one stands for it
+	// (a schedule's fire, a start message with Jetfleet-Job-Id): the
+	// supervisor reports the run's start and end as that job's events.
+	Trigger *Trigger `json:"trigger,omitempty"`
+	// TraceParent is the W3C trace context of the run's root span: every
+	// step's job carries it, so that a run is one trace.
+	TraceParent string `json:"traceparent,omitempty"`
 	// StartedAt, UpdatedAt and EndedAt are kept by the supervisor, on its
 	// clock; EndedAt is nil while the run runs.
 	StartedAt time.Time  `json:"started_at"`
 	UpdatedAt time.Time  `json:"updated_at"`
 	EndedAt   *time.Time `json:"ended_at,omitempty"`
+}
+
+// Trigger is what a run stands for as a job.
+type Trigger struct {
+	JobID       string `json:"job_id"`
+	ScheduleID  string `json:"schedule_id,omitempty"`
+	NominalTime string `json:"nominal_time,omitempty"` // as the start message had it (RFC 3339)
 }
 
 // StepState is one step of a run.
