@@ -88,6 +88,7 @@ func (s *Supervisor) handleEvents(ctx context.Context, msgs []jetstream.Msg) (in
 		done++
 	}
 	if errors.Is(failed, errHistoryNotStored) {
+		s.workflows.pending = nil
 		return 0, failed
 	}
 	// Records already written are stored even when leadership was just
@@ -95,7 +96,13 @@ func (s *Supervisor) handleEvents(ctx context.Context, msgs []jetstream.Msg) (in
 	fctx, cancel := s.requestCtx(context.WithoutCancel(ctx))
 	defer cancel()
 	if err := s.history.flush(fctx); err != nil {
+		s.workflows.pending = nil
 		return 0, fmt.Errorf("%w: %w", errHistoryNotStored, err)
+	}
+	// The runs advanced by the handled events are stored before they are
+	// acked; when one cannot be, the whole batch is read again.
+	if err := s.workflows.flush(ctx); err != nil {
+		return 0, fmt.Errorf("workflow runs not stored: %w", err)
 	}
 	return done, failed
 }
@@ -220,9 +227,7 @@ func (s *Supervisor) handleJobEvent(ctx context.Context, ev *jetfleetpb.JobEvent
 	if err := s.releaseUnique(ctx, ev); err != nil {
 		return err
 	}
-	if err := s.workflows.jobEnded(ctx, ev); err != nil {
-		return fmt.Errorf("workflow: %w", err)
-	}
+	s.workflows.jobEnded(ev)
 	pauseAfter := s.cfg.policyFor(ev.GetKind(), ev.GetScheduleId()).PauseScheduleAfter
 	if sched != nil && sched.GetEventSequence() == seq && pauseDue(sched, pauseAfter) {
 		// The pause follows the stored streak: whoever sees the schedule

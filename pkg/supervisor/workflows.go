@@ -49,11 +49,22 @@ type workflows struct {
 	defs, runs jetstream.KeyValue
 	// mu serializes the transitions made on this replica.
 	mu sync.Mutex
+	// pending are the outcomes read from a batch of events and not yet
+	// applied (flush): the events consumer's goroutine alone uses it.
+	pending []pendingOutcome
+}
+
+// pendingOutcome is a step job's outcome waiting for its run's transition.
+type pendingOutcome struct {
+	runID, jobID string
+	out          workflow.Outcome
 }
 
 // leaderWorkflowSubject receives the run, retry-failed and cancel requests
-// that replicas which do not lead forward to the leader.
-const leaderWorkflowSubject = "jetfleet.supervisor.leader.workflows"
+// that replicas which do not lead forward to the leader. It is outside
+// jetfleet.supervisor.>, which stream SUPERVISOR captures: a request there
+// would be stored, and its publish ack would answer it first.
+const leaderWorkflowSubject = "jetfleet.workflows.leader"
 
 // Operations forwarded on leaderWorkflowSubject.<op>.
 const (
@@ -77,12 +88,13 @@ func (w *workflows) open(ctx context.Context) error {
 	return nil
 }
 
-// jobEnded advances the run of a workflow step's job from the job's
-// terminal event (succeeded, dead or cancelled).
-func (w *workflows) jobEnded(ctx context.Context, ev *jetfleetpb.JobEvent) error {
+// jobEnded takes the outcome of a workflow step's job from its terminal
+// event (succeeded, dead or cancelled) for the run's next transition
+// (flush, before the batch's events are acked).
+func (w *workflows) jobEnded(ev *jetfleetpb.JobEvent) {
 	runID, ok := protocol.WorkflowRunOfJob(ev.GetJobId())
 	if !ok {
-		return nil
+		return
 	}
 	out := workflow.Outcome{Result: ev.GetResult()}
 	switch ev.GetType() {
@@ -93,27 +105,59 @@ func (w *workflows) jobEnded(ctx context.Context, ev *jetfleetpb.JobEvent) error
 	case protocol.EventCancelled:
 		out.Status, out.Error = workflow.StatusCancelled, outcomeError(ev)
 	default:
-		return nil
+		return
 	}
 	if len(out.Result) == 0 {
 		out.Result = nil
 	}
-	_, err := w.transition(ctx, runID, func(r *workflow.Run) (workflow.Actions, error) {
-		acts, err := r.JobEnded(ev.GetJobId(), out)
-		if err != nil {
-			// Not a job this run knows (a definition changed under a
-			// hand-made id): nothing to advance, nothing to retry.
-			w.s.log.Warn("workflow job event ignored", telemetry.LogJobID, ev.GetJobId(), telemetry.LogError, err)
-			return workflow.Actions{}, nil
+	w.pending = append(w.pending, pendingOutcome{runID: runID, jobID: ev.GetJobId(), out: out})
+}
+
+// flush applies the pending outcomes, one transition per run for all of
+// its outcomes in the batch (a fan-out's run is read and stored once per
+// batch of events, not once per element), in the order they were read.
+// Whatever happens, the pending list is cleared: on an error the batch's
+// events are read again, and an outcome applied twice changes nothing.
+func (w *workflows) flush(ctx context.Context) error {
+	pending := w.pending
+	w.pending = nil
+	var order []string
+	byRun := map[string][]pendingOutcome{}
+	for _, p := range pending {
+		if _, seen := byRun[p.runID]; !seen {
+			order = append(order, p.runID)
 		}
-		return acts, nil
-	})
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		w.s.log.Warn("event of a workflow job whose run is not stored (expired or removed); ignored",
-			telemetry.LogJobID, ev.GetJobId())
-		return nil
+		byRun[p.runID] = append(byRun[p.runID], p)
 	}
-	return err
+	for _, runID := range order {
+		_, err := w.transition(ctx, runID, func(r *workflow.Run) (workflow.Actions, error) {
+			var all workflow.Actions
+			for _, p := range byRun[runID] {
+				acts, err := r.JobEnded(p.jobID, p.out)
+				if err != nil {
+					// Not a job this run knows (a definition changed under
+					// a hand-made id): nothing to advance, nothing to retry.
+					w.s.log.Warn("workflow job event ignored", telemetry.LogJobID, p.jobID, telemetry.LogError, err)
+					continue
+				}
+				all.Publish = append(all.Publish, acts.Publish...)
+				all.Cancel = append(all.Cancel, acts.Cancel...)
+				if acts.Alert != nil {
+					all.Alert = acts.Alert
+				}
+				all.Ended = all.Ended || acts.Ended
+			}
+			return all, nil
+		})
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			w.s.log.Warn("events of a workflow run that is not stored (expired or removed); ignored", "run", runID)
+			continue
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func outcomeError(ev *jetfleetpb.JobEvent) string {

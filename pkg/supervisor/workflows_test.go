@@ -101,6 +101,7 @@ func TestWorkflowRunSurvivesLeaderCrashes(t *testing.T) {
 	require.NoError(t, err)
 	started, err := f.client.RunWorkflow(ctx, "crashy", nil, jetfleet.RunID("crash-1"))
 	require.NoError(t, err)
+	require.Equal(t, "crash-1", started.RunID, "%+v", started)
 
 	succeeded := func() int {
 		n := 0
