@@ -44,12 +44,39 @@ type flakyArgs struct {
 func (flakyArgs) Kind() string  { return "flaky" }
 func (flakyArgs) Queue() string { return "reports" }
 
+// billingWorkflow is a month-end billing run: list the invoices, render
+// each one's PDF and charge each one's card (fan-outs over the run's
+// input), then send the receipts, write the ledger report in any case and
+// tell finance when a charge failed.
+const billingWorkflow = `{"name": "month-end-billing", "description": "render and charge the month's invoices, then report to finance",
+  "steps": [
+    {"name": "list-invoices", "kind": "echo", "input": {"month": "{{input.month}}"}},
+    {"name": "render-pdf", "kind": "echo", "depends_on": ["list-invoices"], "for_each": "{{input.invoices}}",
+     "input": {"invoice": "{{item.id}}"}},
+    {"name": "charge", "kind": "charge-invoice", "queue": "reports", "depends_on": ["list-invoices"], "for_each": "{{input.invoices}}",
+     "parallelism": 2, "input": {"invoice": "{{item.id}}", "customer": "{{item.customer}}", "amount": "{{item.amount}}"}},
+    {"name": "send-receipts", "kind": "echo", "depends_on": ["charge"], "input": {"charged": "{{steps.charge.succeeded}}"}},
+    {"name": "ledger-report", "kind": "report", "queue": "reports", "depends_on": ["render-pdf", "charge"], "when": "always",
+     "input": {"day": "{{input.month}}"}},
+    {"name": "notify-finance", "kind": "echo", "depends_on": ["charge"], "when": "on_failure",
+     "input": {"declined": "{{steps.charge.failed}}"}}]}`
+
+var billingInput = map[string]any{"month": "2026-11", "invoices": []map[string]any{
+	{"id": "INV-2026-11-0041", "customer": "Acme Corp", "amount": 1250.00},
+	{"id": "INV-2026-11-0042", "customer": "Globex Corporation", "amount": 980.50},
+	{"id": "INV-2026-11-0043", "customer": "Umbrella Health", "amount": 4300.00},
+	{"id": "INV-2026-11-0044", "customer": "Initech", "amount": 310.25},
+	{"id": "INV-2026-11-0045", "customer": "Stark Industries", "amount": 15999.99},
+}}
+
 // TestDashboardInABrowser is issue 18's acceptance in a real Chromium: the
 // overview shows the dev agent; a schedule added through the API appears
 // without a reload and its runs stream in; pausing it from the page pauses
 // it; a dead letter replayed from the page runs and succeeds; a running
 // sleep job is cancelled from the page; a trend chart has points after a
-// few runs and a kind made slow is marked degrading; with credentials, an
+// few runs and a kind made slow is marked degrading; a workflow run's page
+// draws its graph and lists its failed elements, and retry failed from the
+// page runs them again and follows the run to its end; with credentials, an
 // anonymous request is refused and the read-only role cannot act. It saves
 // a screenshot of every view on the way.
 func TestDashboardInABrowser(t *testing.T) {
@@ -170,6 +197,73 @@ func TestDashboardInABrowser(t *testing.T) {
 		st.shot("kind")
 		st.do(chromedp.Navigate(st.url+"/kinds"), chromedp.WaitVisible(`main table`))
 		st.shot("kinds")
+	})
+
+	t.Run("a workflow run's graph and failed elements, and retry failed from the page", func(t *testing.T) {
+		st.t = t
+		st.declined.Store(true)
+		_, err := st.client.AddWorkflowDocument(ctx, []byte(billingWorkflow))
+		must(t, err)
+		_, err = st.client.AddWorkflowDocument(ctx, []byte(`{"name": "nightly-export", "description": "export the day's orders to the warehouse",
+			"steps": [{"name": "list", "kind": "echo"}, {"name": "export", "kind": "echo", "depends_on": ["list"], "for_each": [1, 2, 3]}]}`))
+		must(t, err)
+		for _, day := range []string{"2026-11-24", "2026-11-25"} {
+			_, err := st.client.RunWorkflow(ctx, "nightly-export", nil, jetfleet.RunID("export-"+day))
+			must(t, err)
+			_, err = st.client.WaitWorkflowRun(ctx, "export-"+day)
+			must(t, err)
+		}
+		_, err = st.client.RunWorkflow(ctx, "month-end-billing", billingInput, jetfleet.RunID("billing-2026-11"))
+		must(t, err)
+		run, err := st.client.WaitWorkflowRun(ctx, "billing-2026-11")
+		must(t, err)
+		if run.Status != jetfleet.WorkflowFailed || run.FailedElements != 2 {
+			t.Fatalf("the billing run: %s with %d failed elements, want failed with 2", run.Status, run.FailedElements)
+		}
+
+		st.do(chromedp.Navigate(st.url+"/workflows"), chromedp.WaitVisible(`#runs tr[data-run="billing-2026-11"][data-status="failed"]`),
+			until(`!!document.querySelector('#workflows tr[data-workflow="month-end-billing"]')`),
+			until(`document.querySelectorAll('#runs tr[data-status="succeeded"]').length === 2`))
+		st.shot("workflows")
+		st.do(chromedp.Click(`#runs tr[data-run="billing-2026-11"] th a`), chromedp.WaitVisible(`svg.wfgraph`))
+		if n := eval[float64](st, `document.querySelectorAll('svg.wfgraph a.node').length`); n != 6 {
+			t.Errorf("the graph has %v boxes, want the 6 steps", n)
+		}
+		if n := eval[float64](st, `document.querySelectorAll('svg.wfgraph path.edge').length`); n != 6 {
+			t.Errorf("the graph has %v arrows, want 6", n)
+		}
+		charge := eval[string](st, `document.querySelector('svg.wfgraph a.node[data-step="charge"]').textContent`)
+		if !strings.Contains(charge, "3 succeeded · 2 failed · 0 running") {
+			t.Errorf("the charge box says %q, want its counts", charge)
+		}
+		if !eval[bool](st, `document.querySelector('svg.wfgraph a.node[data-step="charge"]').classList.contains('has-failed')`) {
+			t.Error("the charge box is not marked as having failed elements")
+		}
+		// The failed elements: the two declined customers, each with its job.
+		failed := eval[string](st, `document.getElementById('failed').innerText`)
+		for _, want := range []string{"Globex Corporation", "Initech", "card declined by the issuer", "wf:billing-2026-11:charge:1"} {
+			if !strings.Contains(failed, want) {
+				t.Errorf("the failed elements do not show %q:\n%s", want, failed)
+			}
+		}
+		st.shot("workflow-run")
+
+		// The issuer lets the cards through again: retry the failed elements.
+		st.declined.Store(false)
+		st.doOnLivePage(chromedp.Navigate(st.url+"/workflows/runs/billing-2026-11"), chromedp.WaitVisible(`#retry-failed`),
+			chromedp.Click(`#retry-failed`), chromedp.WaitVisible(`.flash`))
+		st.do(until(`document.querySelector('main h1').innerText.includes('round 1')`),
+			until(`document.getElementById('main').dataset.live_connected === 'yes'`))
+		run, err = st.client.WaitWorkflowRun(ctx, "billing-2026-11")
+		must(t, err)
+		if run.Round != 1 || run.Status != jetfleet.WorkflowSucceeded || run.FailedElements != 0 {
+			t.Fatalf("after retry failed: round %d, %s, %d failed elements; want round 1, succeeded, none", run.Round, run.Status, run.FailedElements)
+		}
+		// The page follows the run to its end without a reload.
+		st.do(until(`!!document.querySelector('main h1 .s-succeeded')`),
+			until(`document.querySelector('svg.wfgraph a.node[data-step="charge"]').textContent.includes('5 succeeded · 0 failed')`),
+			until(`!document.getElementById('failed')`),
+			until(`document.querySelector('main').innerText.includes('retry-failed by anonymous@')`))
 	})
 
 	t.Run("screenshots of the other views", func(t *testing.T) {

@@ -41,10 +41,11 @@ type stack struct {
 	client *jetfleet.Client
 	url    string
 	// slow makes kind report take 400ms instead of 10ms; broken makes kind
-	// flaky fail for good.
-	slow, broken atomic.Bool
-	browser      context.Context
-	shots        string
+	// flaky fail for good; declined makes kind charge-invoice fail for good
+	// for the customers whose cards the issuer declines.
+	slow, broken, declined atomic.Bool
+	browser                context.Context
+	shots                  string
 }
 
 func must(t testing.TB, err error) {
@@ -125,6 +126,22 @@ func newStack(t *testing.T) *stack {
 			return agent.NonRetryable(errors.New("the upstream API answered 500 Internal Server Error"))
 		}
 		return nil
+	}, agent.KindOptions{}))
+	// charge-invoice: a workflow's fan-out element (TestDashboardInABrowser's
+	// month-end billing); it fails at once for two customers while declined.
+	must(t, a.Register("charge-invoice", func(ctx context.Context, job *agent.Job) error {
+		var inv struct {
+			Invoice  string  `json:"invoice"`
+			Customer string  `json:"customer"`
+			Amount   float64 `json:"amount"`
+		}
+		if err := json.Unmarshal(job.Payload, &inv); err != nil {
+			return agent.Malformed(err)
+		}
+		if st.declined.Load() && (inv.Customer == "Globex Corporation" || inv.Customer == "Initech") {
+			return agent.NonRetryable(fmt.Errorf("card declined by the issuer (do_not_honor) for %s, invoice %s", inv.Customer, inv.Invoice))
+		}
+		return agent.RecordResult(ctx, map[string]any{"receipt": "rcpt-" + inv.Invoice, "charged": inv.Amount})
 	}, agent.KindOptions{}))
 	must(t, a.Start(ctx))
 	t.Cleanup(func() {

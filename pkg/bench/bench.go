@@ -32,6 +32,7 @@ var scenarioFuncs = map[string]scenarioFunc{
 	ScenarioDurability: (*bencher).durability,
 	ScenarioDelayed:    (*bencher).delayed,
 	ScenarioPriority:   (*bencher).priority,
+	ScenarioWorkflow:   (*bencher).workflow,
 }
 
 // Run runs the configured scenarios, each Runs times, and returns the

@@ -24,11 +24,12 @@ const (
 	ScenarioDurability = "durability"
 	ScenarioDelayed    = "delayed"
 	ScenarioPriority   = "priority"
+	ScenarioWorkflow   = "workflow"
 )
 
 // Scenarios lists every scenario in the order "all" runs them.
 var Scenarios = []string{ScenarioThroughput, ScenarioLatency, ScenarioSchedules, ScenarioRescue, ScenarioFailover, ScenarioDurability,
-	ScenarioDelayed, ScenarioPriority}
+	ScenarioDelayed, ScenarioPriority, ScenarioWorkflow}
 
 // Config sizes the scenarios. Zero values mean the documented default.
 type Config struct {
@@ -90,6 +91,9 @@ type Config struct {
 	// DelayedBurst is B, the delayed jobs due within one second, and the
 	// plain jobs of the baseline. Defaults to 10,000.
 	DelayedBurst int `json:"delayed_burst"`
+	// FanOut is N, the elements of the workflow scenario's fan-out and its
+	// plain jobs. Defaults to 10,000.
+	FanOut int `json:"fan_out"`
 
 	// Logger receives the components' logs. Defaults to discarding them.
 	Logger *slog.Logger `json:"-"`
@@ -115,6 +119,7 @@ const (
 	DefaultDelayedJobs     = 1_000_000
 	DefaultDelayedBurst    = 10_000
 	DefaultPriorityBacklog = 100_000
+	DefaultFanOut          = 10_000
 )
 
 // Smoke returns a configuration that runs every scenario once at a tiny
@@ -123,6 +128,7 @@ func Smoke() Config {
 	return Config{
 		Runs: 1, Jobs: 300, Rate: 200, Duration: time.Second, Schedules: 200, ScheduleLead: 2 * time.Second,
 		IdleSchedules: 10_000, RescueJobs: 5, LeaseTTL: time.Second, DelayedJobs: 2_000, DelayedBurst: 200, PriorityBacklog: 10_000,
+		FanOut: 200,
 	}
 }
 
@@ -148,6 +154,7 @@ func (c Config) WithDefaults() Config {
 	setDefault(&c.DelayedJobs, DefaultDelayedJobs)
 	setDefault(&c.DelayedBurst, DefaultDelayedBurst)
 	setDefault(&c.PriorityBacklog, DefaultPriorityBacklog)
+	setDefault(&c.FanOut, DefaultFanOut)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -183,6 +190,7 @@ func (c Config) Validate() error {
 		{"delayed-jobs", c.DelayedJobs, 1},
 		{"delayed-burst", c.DelayedBurst, 10},
 		{"priority-backlog", c.PriorityBacklog, 1},
+		{"fan-out", c.FanOut, 1},
 	} {
 		if v.val != 0 && v.val < v.min {
 			bad(v.key, "must be at least %d, got %d", v.min, v.val)

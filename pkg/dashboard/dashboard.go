@@ -231,5 +231,5 @@ func (d *Dashboard) record(r *http.Request, subject string, a protocol.Audit, ac
 		d.log.Error("dashboard: action not recorded", "action", a.Action, "actor", a.Actor, telemetry.LogError, err)
 	}
 	d.log.Info("dashboard action", "action", a.Action, "actor", a.Actor, "role", a.Role, "job_id", a.JobID,
-		"schedule_id", a.ScheduleID, "dlq_sequence", a.DLQSequence, "outcome", a.Outcome, "error", a.Error)
+		"schedule_id", a.ScheduleID, "dlq_sequence", a.DLQSequence, "detail", a.Detail, "outcome", a.Outcome, "error", a.Error)
 }

@@ -69,6 +69,7 @@ var funcs = template.FuncMap{
 	"short": func(s string, n int) string { return shorten(s, n) },
 	"str":   func(v any) string { return fmt.Sprint(v) },
 	"add":   func(a, b int) int { return a + b },
+	"sub":   func(a, b time.Time) time.Duration { return a.Sub(b) },
 	"deref": func(t *time.Time) time.Time {
 		if t == nil {
 			return time.Time{}

@@ -50,10 +50,14 @@ type hub struct {
 	dlqDepth  uint64
 	started   time.Time
 
-	// dirty topics since the last fan-out; clients by topic.
-	dirty   map[string]bool
-	clients map[string]map[*liveClient]bool
-	nclient int
+	// dirty topics since the last fan-out; followed: topics marked dirty
+	// every live_interval until a time (followedAt: when last); clients by
+	// topic.
+	dirty      map[string]bool
+	followed   map[string]time.Time
+	followedAt time.Time
+	clients    map[string]map[*liveClient]bool
+	nclient    int
 }
 
 const ringSize = 50
@@ -98,7 +102,7 @@ type liveClient struct {
 func newHub(d *Dashboard) *hub {
 	return &hub{d: d, nc: d.nc, schedules: map[string]*jetfleet.Schedule{}, states: map[string]*jetfleet.ScheduleState{},
 		agentSig: map[string]string{}, out: map[string]*rateRing{}, backlog: map[string][]backlogSample{},
-		dirty: map[string]bool{}, clients: map[string]map[*liveClient]bool{}}
+		dirty: map[string]bool{}, followed: map[string]time.Time{}, clients: map[string]map[*liveClient]bool{}}
 }
 
 // start subscribes, loads the recent alerts and fires, and starts the
@@ -260,6 +264,13 @@ func (h *hub) onEvent(m *nats.Msg) {
 		if ev.ScheduleID != "" {
 			topics = append(topics, "schedule:"+ev.ScheduleID)
 		}
+		if run, ok := workflowRunOfJob(ev.JobID); ok {
+			// The supervisor stores the run's new state after this event
+			// (it reads events in batches, up to a second apart): the run's
+			// pages refresh now and for a while after.
+			topics = append(topics, "workflows", workflowTopic(run))
+			h.follow(time.Now().Add(workflowFollow), "workflows", workflowTopic(run))
+		}
 		switch subject.Type {
 		case protocol.EventSucceeded, protocol.EventDead, protocol.EventSkippedDuplicate:
 			h.mu.Lock()
@@ -308,6 +319,9 @@ func (h *hub) onOtherEvent(m *nats.Msg) {
 			return
 		}
 		topics := []string{"dlq"}
+		if run, ok := strings.CutPrefix(m.Subject, protocol.AuditWorkflowSubject("")); ok {
+			topics = append(topics, "workflows", workflowTopic(run))
+		}
 		if a.JobID != "" {
 			topics = append(topics, "job:"+a.JobID)
 		}
@@ -339,6 +353,12 @@ func (h *hub) onAlert(m *nats.Msg) {
 	h.alerts = appendRing(h.alerts, &a)
 	h.mu.Unlock()
 	h.mark("overview")
+	// A run's one alert (workflow_failed:<run>:<round>) is raised as it ends.
+	if rest, ok := strings.CutPrefix(a.GetKey(), "workflow_failed:"); ok {
+		if run, _, ok := strings.Cut(rest, ":"); ok {
+			h.mark("workflows", workflowTopic(run))
+		}
+	}
 }
 
 func (h *hub) onSchedule(e jetstream.KeyValueEntry) {
@@ -469,9 +489,33 @@ func (h *hub) subscribe(topics []string) (*liveClient, func(), error) {
 
 var errTooManyClients = errors.New("too many live clients")
 
+// workflowFollow is how long a workflow run's pages refresh after one of
+// its jobs' events: long enough for the supervisor to store the run's new
+// state.
+const workflowFollow = 5 * time.Second
+
+// follow marks topics dirty every live_interval until until.
+func (h *hub) follow(until time.Time, topics ...string) {
+	h.mu.Lock()
+	for _, t := range topics {
+		h.followed[t] = until
+	}
+	h.mu.Unlock()
+}
+
 // fanOut tells the browsers of dirty topics to refresh.
 func (h *hub) fanOut() {
 	h.mu.Lock()
+	if now := time.Now(); len(h.followed) > 0 && now.Sub(h.followedAt) >= h.d.cfg.LiveInterval {
+		h.followedAt = now
+		for t, until := range h.followed {
+			if now.After(until) {
+				delete(h.followed, t)
+				continue
+			}
+			h.dirty[t] = true
+		}
+	}
 	dirty := h.dirty
 	h.dirty = map[string]bool{}
 	for t := range dirty {

@@ -55,10 +55,13 @@ func (d *Dashboard) routes() http.Handler {
 	mux.HandleFunc("GET /dlq", d.dlqList)
 	mux.HandleFunc("GET /dlq/{seq}", d.dlqDetail)
 	mux.HandleFunc("GET /agents", d.agents)
+	mux.HandleFunc("GET /workflows", d.workflowList)
+	mux.HandleFunc("GET /workflows/runs/{id}", d.workflowRun)
 	mux.HandleFunc("GET /live", d.live)
 	mux.HandleFunc("POST /actions/schedule/{action}", d.scheduleAction)
 	mux.HandleFunc("POST /actions/dlq/{action}", d.dlqAction)
 	mux.HandleFunc("POST /actions/job/cancel", d.cancelAction)
+	mux.HandleFunc("POST /actions/workflow/{action}", d.workflowRunAction)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, http.StatusNotFound, fmt.Sprintf("There is no page at %s.", r.URL.Path))
 	})

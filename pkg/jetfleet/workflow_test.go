@@ -391,3 +391,34 @@ func TestWorkflowStartedByAMessageAndByASchedule(t *testing.T) {
 	require.ErrorIs(t, err, protocol.Code(protocol.CodeInvalidArgument))
 	assert.Contains(t, err.Error(), "target.kind")
 }
+
+// The builder's mistakes and the definition's come back from Definition,
+// naming the step and the field.
+func TestWorkflowBuilderRefusesABadDefinition(t *testing.T) {
+	wf := jetfleet.NewWorkflow("loop")
+	a := wf.Step("a", "echo")
+	b := wf.Step("b", "echo").After(a)
+	a.After(b)
+	_, err := wf.Definition()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "cycle")
+
+	wf = jetfleet.NewWorkflow("bad-input")
+	wf.Step("a", "echo").Input(func() {})
+	_, err = wf.Definition()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "step a: input")
+
+	wf = jetfleet.NewWorkflow("fine")
+	first := jetfleet.StepFor[exportFile](wf, "first").Timeout(time.Minute).Backoff(time.Second, 30*time.Second).
+		ForEach([]string{"x"}).FailFast()
+	wf.Step("second", "echo").After(first).ForEach([]int{1, 2}).When(protocol.WhenAlways)
+	def, err := wf.Definition()
+	require.NoError(t, err)
+	assert.Equal(t, "export", def.Steps[0].Queue, "StepFor takes the args type's queue")
+	assert.Equal(t, "export-file", def.Steps[0].Kind)
+	assert.Equal(t, []string{"1s", "30s"}, def.Steps[0].Backoff)
+	assert.Equal(t, "1m0s", def.Steps[0].Timeout)
+	assert.Equal(t, protocol.ElementFailureFailFast, def.Steps[0].OnElementFailure)
+	assert.JSONEq(t, `[1,2]`, string(def.Steps[1].ForEach))
+}

@@ -14,6 +14,7 @@ import (
 //	events.audit.schedule.<schedule_id>   pause, resume, trigger, backfill
 //	events.audit.dlq                      a bulk replay or purge of dead letters
 //	events.audit.queue.<queue>            an action on a queue
+//	events.audit.workflow.<run id>        retry-failed, cancel of a workflow run
 const (
 	// AuditSubjects matches every audit record.
 	AuditSubjects = "events.audit.>"
@@ -30,6 +31,10 @@ const AuditDLQSubject = "events.audit.dlq"
 
 // AuditQueueSubject is where actions on a queue are recorded.
 func AuditQueueSubject(queue string) string { return "events.audit.queue." + queue }
+
+// AuditWorkflowSubject is where actions on a workflow run are recorded (a
+// run id is a token).
+func AuditWorkflowSubject(runID string) string { return "events.audit.workflow." + runID }
 
 // Audit records one operator action: who did what, to what, when, and how
 // it ended. It is a JSON document (snake_case, like every document).

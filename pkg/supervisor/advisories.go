@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetfleet/jetfleet/pkg/protocol"
@@ -44,7 +45,7 @@ func (s *Supervisor) consume(ctx context.Context, stream string, batch int, hand
 		}
 	}
 	for ctx.Err() == nil {
-		b, err := cons.Fetch(batch, jetstream.FetchMaxWait(time.Second))
+		msgs, err := fetchBatch(cons, batch)
 		if err != nil {
 			if ctx.Err() == nil {
 				s.log.Warn("fetch failed; retrying", "stream", stream, telemetry.LogError, err)
@@ -52,17 +53,46 @@ func (s *Supervisor) consume(ctx context.Context, stream string, batch int, hand
 			}
 			continue
 		}
-		var msgs []jetstream.Msg
-		for m := range b.Messages() {
-			msgs = append(msgs, m)
-		}
-		if err := b.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-			s.log.Debug("fetch ended with an error", "stream", stream, telemetry.LogError, err)
-		}
 		if len(msgs) > 0 {
 			handle(ctx, msgs)
 		}
 	}
+}
+
+// fetchBatch takes up to batch messages: those already there at once;
+// when there are none, it waits up to a second for the first and takes
+// what arrived with it. A batch never waits to fill up, so a lone event
+// (a workflow step's end, a dead letter) is handled within milliseconds,
+// and a busy stream still comes in full batches.
+func fetchBatch(cons jetstream.Consumer, batch int) ([]jetstream.Msg, error) {
+	msgs, err := drain(cons.FetchNoWait(batch))
+	if err != nil || len(msgs) > 0 {
+		return msgs, err
+	}
+	if msgs, err = drain(cons.Fetch(1, jetstream.FetchMaxWait(time.Second))); err != nil || len(msgs) == 0 || batch == 1 {
+		return msgs, err
+	}
+	rest, err := drain(cons.FetchNoWait(batch - 1))
+	if err != nil {
+		return msgs, nil //nolint:nilerr // the first is handled; the rest come with the next fetch
+	}
+	return append(msgs, rest...), nil
+}
+
+func drain(b jetstream.MessageBatch, err error) ([]jetstream.Msg, error) {
+	if err != nil {
+		return nil, err
+	}
+	var msgs []jetstream.Msg
+	for m := range b.Messages() {
+		msgs = append(msgs, m)
+	}
+	// Messages received are handled whatever ended the batch after them.
+	if err := b.Error(); len(msgs) == 0 && err != nil && !errors.Is(err, jetstream.ErrNoMessages) &&
+		!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, nats.ErrTimeout) {
+		return nil, err
+	}
+	return msgs, nil
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {

@@ -58,6 +58,7 @@ func addBenchFlags(fs *flag.FlagSet, def bench.Config) *benchFlags {
 	fs.IntVar(&cfg.DelayedJobs, "delayed-jobs", def.DelayedJobs, "delayed: D, the delayed jobs stored (due in an hour)")
 	fs.IntVar(&cfg.PriorityBacklog, "priority-backlog", def.PriorityBacklog, "priority: L, the low-priority jobs that drain while high ones are offered at -rate")
 	fs.IntVar(&cfg.DelayedBurst, "delayed-burst", def.DelayedBurst, "delayed: B, the delayed jobs due within one second, and the plain jobs of the baseline")
+	fs.IntVar(&cfg.FanOut, "fan-out", def.FanOut, "workflow: N, the elements of one run's fan-out, and the plain jobs of the baseline")
 	fs.BoolVar(&b.verbose, "v", false, "log the components' warnings and errors to stderr")
 	fs.BoolVar(&b.quiet, "q", false, "no progress lines on stderr")
 	fs.StringVar(&b.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole bench to `file` (go tool pprof)")
