@@ -51,12 +51,12 @@ type compiled struct {
 	queue, kindName string
 	// workflow: a fire starts a run of workflow kindName (queue is
 	// protocol.WorkflowJobQueue, that of the run's job events).
-	workflow bool
-	payload         []byte
-	tmpl            *template.Template
-	timeout         time.Duration
-	maxAttempts     int32
-	backoff         string // header form
+	workflow    bool
+	payload     []byte
+	tmpl        *template.Template
+	timeout     time.Duration
+	maxAttempts int32
+	backoff     string // header form
 
 	overlap    overlapPolicy
 	misfire    misfirePolicy
