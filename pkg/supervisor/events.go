@@ -76,6 +76,8 @@ func (s *Supervisor) consumeEvents(ctx context.Context) {
 // handleEvents handles msgs in order until one fails, stores the history
 // records of those handled, and returns how many may be acked.
 func (s *Supervisor) handleEvents(ctx context.Context, msgs []jetstream.Msg) (int, error) {
+	s.prefetchUniqueHolds(ctx, msgs)
+	defer func() { s.unique.holds = nil }()
 	done := 0
 	var failed error
 	for _, m := range msgs {

@@ -26,6 +26,75 @@ import (
 type uniqueBucket struct {
 	mu sync.Mutex
 	kv jetstream.KeyValue
+	// holds are the lookups of one batch of events' holds, made at once
+	// before the batch is handled in order (prefetchUniqueHolds): a lookup
+	// per event in turn bounded the leader to about a thousand events a
+	// second. The events consumer's goroutine alone uses it.
+	holds map[string]holdLookup
+}
+
+// holdLookup is the result of reading a job's hold.
+type holdLookup struct {
+	entry jetstream.KeyValueEntry
+	err   error
+}
+
+// uniqueLookups bounds the hold lookups in flight at once.
+const uniqueLookups = 32
+
+// prefetchUniqueHolds reads, concurrently, the hold of every job whose run
+// an event of msgs ends. A job's hold is written before the job is
+// published, so it is there when its run ends; a lookup that failed is
+// made again, alone, when its event is handled.
+func (s *Supervisor) prefetchUniqueHolds(ctx context.Context, msgs []jetstream.Msg) {
+	s.unique.holds = nil
+	var keys []string
+	for _, m := range msgs {
+		subject, ok := protocol.ParseEventSubject(m.Subject())
+		if !ok || subject.Of != "job" {
+			continue
+		}
+		switch subject.Type {
+		case protocol.EventSucceeded, protocol.EventDead, protocol.EventCancelled:
+		default:
+			continue
+		}
+		var ev jetfleetpb.JobEvent
+		if protocol.Unmarshal(m.Data(), &ev) != nil || ev.GetJobId() == "" {
+			continue
+		}
+		keys = append(keys, protocol.UniqueJobKey(ev.GetJobId()))
+	}
+	if len(keys) < 2 {
+		return
+	}
+	rctx, cancel := s.requestCtx(ctx)
+	defer cancel()
+	kv, err := s.uniqueKV(rctx)
+	if err != nil {
+		return
+	}
+	results := make([]holdLookup, len(keys))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(uniqueLookups, len(keys)) {
+		wg.Go(func() {
+			for i := range next {
+				results[i].entry, results[i].err = kv.Get(rctx, keys[i])
+			}
+		})
+	}
+	for i := range keys {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	s.unique.holds = make(map[string]holdLookup, len(keys))
+	for i, k := range keys {
+		if r := results[i]; r.err == nil || errors.Is(r.err, jetstream.ErrKeyNotFound) {
+			s.unique.holds[k] = r
+		}
+	}
 }
 
 func (s *Supervisor) uniqueKV(ctx context.Context) (jetstream.KeyValue, error) {
@@ -53,7 +122,13 @@ func (s *Supervisor) releaseUnique(ctx context.Context, ev *jetfleetpb.JobEvent)
 		return err
 	}
 	jobKey := protocol.UniqueJobKey(ev.GetJobId())
-	e, err := kv.Get(rctx, jobKey)
+	var e jetstream.KeyValueEntry
+	if l, ok := s.unique.holds[jobKey]; ok {
+		delete(s.unique.holds, jobKey) // used once: an event read again looks again
+		e, err = l.entry, l.err
+	} else {
+		e, err = kv.Get(rctx, jobKey)
+	}
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil // holds no claim (the usual case), or released already
 	}

@@ -130,24 +130,18 @@ func (w *workflows) flush(ctx context.Context) error {
 		byRun[p.runID] = append(byRun[p.runID], p)
 	}
 	for _, runID := range order {
-		_, err := w.transition(ctx, runID, func(r *workflow.Run) (workflow.Actions, error) {
-			var all workflow.Actions
-			for _, p := range byRun[runID] {
-				acts, err := r.JobEnded(p.jobID, p.out)
-				if err != nil {
-					// Not a job this run knows (a definition changed under
-					// a hand-made id): nothing to advance, nothing to retry.
-					w.s.log.Warn("workflow job event ignored", telemetry.LogJobID, p.jobID, telemetry.LogError, err)
-					continue
-				}
-				all.Publish = append(all.Publish, acts.Publish...)
-				all.Cancel = append(all.Cancel, acts.Cancel...)
-				if acts.Alert != nil {
-					all.Alert = acts.Alert
-				}
-				all.Ended = all.Ended || acts.Ended
+		_, err := w.transition(ctx, runID, func(r *workflow.Run) (workflow.Actions, bool, error) {
+			outs := make([]workflow.JobOutcome, len(byRun[runID]))
+			for i, p := range byRun[runID] {
+				outs[i] = workflow.JobOutcome{JobID: p.jobID, Outcome: p.out}
 			}
-			return all, nil
+			acts, changed, errs := r.JobsEnded(outs)
+			for _, err := range errs {
+				// Not a job this run knows (a definition changed under a
+				// hand-made id): nothing to advance, nothing to retry.
+				w.s.log.Warn("workflow job event ignored", "run", runID, telemetry.LogError, err)
+			}
+			return acts, changed, nil
 		})
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			w.s.log.Warn("events of a workflow run that is not stored (expired or removed); ignored", "run", runID)
@@ -172,7 +166,9 @@ func outcomeError(ev *jetfleetpb.JobEvent) string {
 }
 
 // transition applies change to the stored run runID (see workflows).
-func (w *workflows) transition(ctx context.Context, runID string, change func(*workflow.Run) (workflow.Actions, error)) (*workflow.Run, error) {
+// change reports whether it changed the run; an unchanged run with no
+// action to carry out is not stored again.
+func (w *workflows) transition(ctx context.Context, runID string, change func(*workflow.Run) (workflow.Actions, bool, error)) (*workflow.Run, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for attempt := 0; ; attempt++ {
@@ -180,19 +176,11 @@ func (w *workflows) transition(ctx context.Context, runID string, change func(*w
 		if err != nil {
 			return nil, err
 		}
-		before, err := json.Marshal(run)
-		if err != nil {
-			return nil, err
-		}
-		acts, err := change(run)
+		acts, changed, err := change(run)
 		if err != nil {
 			return run, err
 		}
-		after, err := json.Marshal(run)
-		if err != nil {
-			return nil, err
-		}
-		if string(before) == string(after) && len(acts.Publish) == 0 && len(acts.Cancel) == 0 {
+		if !changed && len(acts.Publish) == 0 && len(acts.Cancel) == 0 {
 			return run, nil
 		}
 		now := w.s.clk.Now().UTC()
@@ -589,7 +577,12 @@ func (w *workflows) start(ctx context.Context, req jetfleet.WorkflowRunRequest, 
 	if err := w.act(ctx, run, acts); err != nil {
 		return nil, internal(err)
 	}
-	if _, err := w.runs.Create(rctx, req.RunID, data); err != nil {
+	// Its own bound: publishing a large fan-out's first jobs may have used
+	// up rctx, and jobs published for a run that is then not stored would
+	// run unseen by it.
+	cctx, ccancel := w.s.requestCtx(context.WithoutCancel(ctx))
+	defer ccancel()
+	if _, err := w.runs.Create(cctx, req.RunID, data); err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return &jetfleet.WorkflowRunResponse{RunID: req.RunID, Duplicate: true, Status: string(run.Status)}, nil
 		}
@@ -688,22 +681,22 @@ func (w *workflows) leaderOp(ctx context.Context, op string, data []byte) (any, 
 	if err := protocol.ValidateWorkflowName("run id", req.RunID); err != nil {
 		return nil, protocol.FieldError("run_id", "%v", err)
 	}
-	var change func(*workflow.Run) (workflow.Actions, error)
+	var change func(*workflow.Run) (workflow.Actions, bool, error)
 	switch op {
 	case opWorkflowRetryFailed:
-		change = func(r *workflow.Run) (workflow.Actions, error) {
+		change = func(r *workflow.Run) (workflow.Actions, bool, error) {
 			acts, err := r.RetryFailed()
 			if err != nil {
-				return acts, protocol.Errorf(protocol.CodeConflict, "run %s: %v", r.ID, err)
+				return acts, false, protocol.Errorf(protocol.CodeConflict, "run %s: %v", r.ID, err)
 			}
-			return acts, nil
+			return acts, true, nil
 		}
 	case opWorkflowCancel:
-		change = func(r *workflow.Run) (workflow.Actions, error) {
+		change = func(r *workflow.Run) (workflow.Actions, bool, error) {
 			if r.Status != workflow.StatusRunning {
-				return workflow.Actions{}, protocol.Errorf(protocol.CodeConflict, "run %s has ended (%s)", r.ID, r.Status)
+				return workflow.Actions{}, false, protocol.Errorf(protocol.CodeConflict, "run %s has ended (%s)", r.ID, r.Status)
 			}
-			return r.Cancel(), nil
+			return r.Cancel(), true, nil
 		}
 	default:
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "unknown operation %q", op)

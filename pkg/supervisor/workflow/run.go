@@ -212,6 +212,93 @@ func (r *Run) JobEnded(jobID string, out Outcome) (Actions, error) {
 	return acts, nil
 }
 
+// JobOutcome is one job's outcome, for JobsEnded.
+type JobOutcome struct {
+	JobID   string
+	Outcome Outcome
+}
+
+// JobsEnded records the outcomes of a batch of events at once, in order,
+// and returns what follows; changed says whether any outcome applied, and
+// errs names the jobs the run does not know (skipped). It comes to what
+// JobEnded for each in turn would, with each fan-out topped up and the run
+// advanced once, at the end, instead of after every outcome: a batch of a
+// large fan-out's events costs one pass over its elements, not one per
+// event. Except when an outcome is for a job that the deferred work would
+// start (a leader that died after publishing the next jobs and before
+// storing the run leaves their outcomes in the same batch as the events
+// that started them): that work is done first, as JobEnded would have.
+func (r *Run) JobsEnded(outs []JobOutcome) (acts Actions, changed bool, errs []error) {
+	var pending []string // fan-outs to top up, then advance
+	settle := func() {
+		for _, step := range pending {
+			r.fillFanOut(step, r.Steps[step], &acts)
+		}
+		if len(pending) > 0 {
+			r.advance(&acts)
+		}
+		pending = pending[:0]
+	}
+	for _, o := range outs {
+		step, element, round, err := r.parseJobID(o.JobID)
+		if err == nil {
+			switch o.Outcome.Status {
+			case StatusSucceeded, StatusFailed, StatusCancelled:
+			default:
+				err = fmt.Errorf("job %s: %q is not an outcome", o.JobID, o.Outcome.Status)
+			}
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		st := r.Steps[step]
+		if element < 0 {
+			if st.Status == StatusWaiting {
+				settle()
+			}
+			if st.Status == StatusRunning && st.Round == round {
+				settle()
+				more, _ := r.JobEnded(o.JobID, o.Outcome)
+				acts.merge(more)
+				changed = true
+			}
+			continue
+		}
+		if element < len(st.Elements) && st.Elements[element].Status == StatusWaiting || st.Status == StatusWaiting {
+			settle()
+		}
+		if element >= len(st.Elements) {
+			continue
+		}
+		el := &st.Elements[element]
+		if el.Status != StatusRunning || el.Round != round {
+			continue
+		}
+		el.Status, el.Result, el.Error = o.Outcome.Status, o.Outcome.Result, o.Outcome.Error
+		changed = true
+		def, _ := r.Def.Step(step)
+		if o.Outcome.Status != StatusSucceeded && def.OnElementFailure == protocol.ElementFailureFailFast {
+			r.failFast(step, st, &acts)
+		}
+		if !slices.Contains(pending, step) {
+			pending = append(pending, step)
+		}
+	}
+	settle()
+	return acts, changed, errs
+}
+
+// merge appends more's actions to a's.
+func (a *Actions) merge(more Actions) {
+	a.Publish = append(a.Publish, more.Publish...)
+	a.Cancel = append(a.Cancel, more.Cancel...)
+	if more.Alert != nil {
+		a.Alert = more.Alert
+	}
+	a.Ended = a.Ended || more.Ended
+}
+
 // Cancel ends a running run: its queued and running jobs are cancelled and
 // its steps not yet ended are marked cancelled.
 func (r *Run) Cancel() Actions {

@@ -388,3 +388,87 @@ func TestAnEmptyFanOutSucceedsAtOnce(t *testing.T) {
 	assert.Equal(t, "report", acts.Publish[0].Step)
 	assert.JSONEq(t, `{"failed":[],"ok":[]}`, string(acts.Publish[0].Payload))
 }
+
+// drainBatches answers up to size jobs at once, in publishing order, with
+// JobsEnded: what the supervisor does with a batch of events.
+func (f *fleet) drainBatches(size int) {
+	for len(f.queue) > 0 {
+		n := min(size, len(f.queue))
+		batch := f.queue[:n]
+		f.queue = f.queue[n:]
+		var outs []JobOutcome
+		for _, j := range batch {
+			f.running[j.Step]--
+			if !contains(f.cancelled, j.ID) {
+				outs = append(outs, JobOutcome{JobID: j.ID, Outcome: f.outcome(j)})
+			}
+		}
+		f.reload()
+		acts, _, errs := f.run.JobsEnded(outs)
+		require.Empty(f.t, errs)
+		f.apply(acts)
+	}
+}
+
+// A batch of outcomes comes to what the same outcomes one by one do: the
+// same end, failures, alert and fan-in input, each job published once and
+// the parallelism kept.
+func TestJobsEndedInBatchesEqualsOneByOne(t *testing.T) {
+	def := parse(t, nightly)
+	one, acts, err := Start(def, "r1", nil)
+	require.NoError(t, err)
+	byOne := newFleet(t, one, acts, alwaysFailing(0))
+	byOne.drain()
+	for _, size := range []int{1, 7, 64} {
+		run, acts, err := Start(def, "r1", nil)
+		require.NoError(t, err)
+		batched := newFleet(t, run, acts, alwaysFailing(0))
+		batched.drainBatches(size)
+		assert.Equal(t, byOne.run.Status, batched.run.Status, "batch %d", size)
+		assert.Equal(t, byOne.run.Failures(), batched.run.Failures(), "batch %d", size)
+		assert.Equal(t, byOne.alerts, batched.alerts, "batch %d: one alert, the same", size)
+		assert.Equal(t, byOne.payloads["report"], batched.payloads["report"], "batch %d: the fan-in's input", size)
+		for id, n := range batched.published {
+			assert.Equal(t, 1, n, "batch %d: %s published once", size, id)
+		}
+		assert.LessOrEqual(t, batched.maxRun["export"], 10, "batch %d: parallelism", size)
+	}
+	_, changed, errs := byOne.run.JobsEnded([]JobOutcome{{JobID: "wf:r1:export:3", Outcome: Outcome{Status: StatusSucceeded}},
+		{JobID: "wf:other:x", Outcome: Outcome{Status: StatusSucceeded}}})
+	assert.False(t, changed, "an outcome of an ended run changes nothing")
+	assert.Len(t, errs, 1, "a job of another run is named")
+}
+
+// A leader that published the next jobs and died before storing the run
+// leaves their outcomes in the same batch as the events that started them:
+// the next leader, deciding from the older state, applies them too.
+func TestJobsEndedAppliesOutcomesOfJobsItsBatchStarts(t *testing.T) {
+	def := parse(t, `{"name":"wf","steps":[
+	  {"name":"each","kind":"k","for_each":[0,1,2,3,4,5],"parallelism":2},
+	  {"name":"sum","kind":"k","depends_on":["each"]}]}`)
+	ok := Outcome{Status: StatusSucceeded}
+	el := func(i int) JobOutcome { return JobOutcome{JobID: protocol.WorkflowStepJobID("r", "each", i, 0), Outcome: ok} }
+	run, acts, err := Start(def, "r", nil)
+	require.NoError(t, err)
+	require.Len(t, acts.Publish, 2)
+
+	acts, changed, errs := run.JobsEnded([]JobOutcome{el(0), el(1), el(2), el(3)})
+	require.Empty(t, errs)
+	assert.True(t, changed)
+	assert.Equal(t, map[Status]int{StatusSucceeded: 4, StatusRunning: 2}, elementStatuses(run.Steps["each"]))
+	require.Len(t, acts.Publish, 4, "2 and 3 again (deduplicated by their ids), then 4 and 5")
+
+	sum := JobOutcome{JobID: protocol.WorkflowStepJobID("r", "sum", -1, 0), Outcome: ok}
+	acts, _, errs = run.JobsEnded([]JobOutcome{el(4), el(5), sum})
+	require.Empty(t, errs)
+	assert.Equal(t, StatusSucceeded, run.Status, "the fan-in's outcome in the batch that started it")
+	assert.True(t, acts.Ended)
+}
+
+func elementStatuses(st *StepState) map[Status]int {
+	out := map[Status]int{}
+	for _, el := range st.Elements {
+		out[el.Status]++
+	}
+	return out
+}
