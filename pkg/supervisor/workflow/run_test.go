@@ -447,7 +447,9 @@ func TestJobsEndedAppliesOutcomesOfJobsItsBatchStarts(t *testing.T) {
 	  {"name":"each","kind":"k","for_each":[0,1,2,3,4,5],"parallelism":2},
 	  {"name":"sum","kind":"k","depends_on":["each"]}]}`)
 	ok := Outcome{Status: StatusSucceeded}
-	el := func(i int) JobOutcome { return JobOutcome{JobID: protocol.WorkflowStepJobID("r", "each", i, 0), Outcome: ok} }
+	el := func(i int) JobOutcome {
+		return JobOutcome{JobID: protocol.WorkflowStepJobID("r", "each", i, 0), Outcome: ok}
+	}
 	run, acts, err := Start(def, "r", nil)
 	require.NoError(t, err)
 	require.Len(t, acts.Publish, 2)
