@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -97,15 +98,26 @@ const nightlyExport = `{
   ]
 }`
 
-// The brief's scenario end to end on a whole fleet: a fan-out whose failed
-// elements are listed, reported to the fan-in and alerted on once; a retry
-// of only those; the fan-in again with the full picture.
+// The brief's scenario end to end on a whole fleet (issue 19's acceptance):
+// a 50-element fan-out where 5 elements always fail. 45 succeed once each;
+// the fan-in runs once and receives exactly the 5 failures with their
+// errors; one alert lists all 5; retry-failed re-runs only those 5, then
+// the fan-in with the full picture.
 func TestWorkflowFanOutFailuresRetryAndOneAlert(t *testing.T) {
 	nc, stop := startDevFleet()
 	defer stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	files := []string{"a.csv", "bad-1.csv", "b.csv", "bad-2.csv", "c.csv"}
+	var files, bad []string
+	badIndex := map[int]bool{3: true, 13: true, 23: true, 33: true, 43: true}
+	for i := range 50 {
+		name := fmt.Sprintf("file-%02d.csv", i)
+		if badIndex[i] {
+			name = fmt.Sprintf("bad-%02d.csv", i)
+			bad = append(bad, name)
+		}
+		files = append(files, name)
+	}
 	ea := startExportAgent(t, ctx, nc, files)
 	alerts := make(chan *jetfleetpb.Alert, 100)
 	sub, err := nc.Subscribe(protocol.AlertSubject(">"), func(m *nats.Msg) {
@@ -130,45 +142,47 @@ func TestWorkflowFanOutFailuresRetryAndOneAlert(t *testing.T) {
 
 	run, err := client.WaitWorkflowRun(ctx, "night-1")
 	require.NoError(t, err)
-	assert.Equal(t, jetfleet.WorkflowFailed, run.Status, "two elements failed")
-	require.Len(t, run.Failures.Elements, 2)
-	for i, want := range []struct {
-		index int
-		item  string
-	}{{1, `"bad-1.csv"`}, {3, `"bad-2.csv"`}} {
-		f := run.Failures.Elements[i]
+	assert.Equal(t, jetfleet.WorkflowFailed, run.Status, "five elements failed")
+	require.Len(t, run.Failures.Elements, 5)
+	for i, f := range run.Failures.Elements {
 		assert.Equal(t, "export", f.Step)
-		assert.Equal(t, want.index, f.Index)
-		assert.JSONEq(t, want.item, string(f.Item))
+		assert.True(t, badIndex[f.Index], "element %d failed", f.Index)
+		assert.JSONEq(t, fmt.Sprintf("%q", bad[i]), string(f.Item))
 		assert.Contains(t, f.Error, "disk full")
-		assert.Equal(t, protocol.WorkflowStepJobID("night-1", "export", want.index, 0), f.JobID)
+		assert.Equal(t, protocol.WorkflowStepJobID("night-1", "export", f.Index, 0), f.JobID)
 	}
 	assert.Empty(t, run.Failures.Steps)
 	steps := map[string]jetfleet.WorkflowStepView{}
 	for _, s := range run.Steps {
 		steps[s.Name] = s
 	}
-	assert.Equal(t, map[string]int{"succeeded": 3, "failed": 2}, steps["export"].Elements)
+	assert.Equal(t, map[string]int{"succeeded": 45, "failed": 5}, steps["export"].Elements)
 	assert.Equal(t, jetfleet.WorkflowSucceeded, steps["report"].Status, "report runs always")
 
 	ea.mu.Lock()
-	require.Len(t, ea.reports, 1)
-	assert.Len(t, ea.reports[0].Succeeded, 3)
-	require.Len(t, ea.reports[0].Failed, 2)
-	assert.Equal(t, "bad-1.csv", ea.reports[0].Failed[0].Item)
-	assert.Contains(t, ea.reports[0].Failed[0].Error, "disk full")
+	for _, f := range files {
+		assert.Equal(t, 1, ea.exports[f], "%s ran once", f)
+	}
+	require.Len(t, ea.reports, 1, "the fan-in ran once")
+	assert.Len(t, ea.reports[0].Succeeded, 45)
+	require.Len(t, ea.reports[0].Failed, 5, "exactly the five failures")
+	for i, f := range ea.reports[0].Failed {
+		assert.Equal(t, bad[i], f.Item)
+		assert.Contains(t, f.Error, "disk full while exporting "+bad[i])
+	}
 	ea.fixed = true
 	ea.mu.Unlock()
 
 	al := waitAlert(t, alerts, "workflow_failed")
 	assert.Equal(t, "workflow_failed:night-1:0", al.GetKey())
-	assert.Contains(t, al.GetError(), "bad-1.csv")
-	assert.Contains(t, al.GetError(), "bad-2.csv")
+	for _, f := range bad {
+		assert.Contains(t, al.GetError(), f, "the one alert lists every failed element")
+	}
 
 	runs, err := client.WorkflowRuns(ctx, jetfleet.WorkflowRunsRequest{Workflow: "nightly-export", Status: "failed"})
 	require.NoError(t, err)
 	require.Len(t, runs, 1)
-	assert.Equal(t, 2, runs[0].FailedElements)
+	assert.Equal(t, 5, runs[0].FailedElements)
 
 	_, err = client.RetryFailedWorkflowRun(ctx, "night-1")
 	require.NoError(t, err)
@@ -180,10 +194,15 @@ func TestWorkflowFanOutFailuresRetryAndOneAlert(t *testing.T) {
 
 	ea.mu.Lock()
 	defer ea.mu.Unlock()
-	assert.Equal(t, map[string]int{"a.csv": 1, "b.csv": 1, "c.csv": 1, "bad-1.csv": 2, "bad-2.csv": 2}, ea.exports,
-		"only the failed files run again")
+	for _, f := range files {
+		want := 1
+		if strings.HasPrefix(f, "bad") {
+			want = 2
+		}
+		assert.Equal(t, want, ea.exports[f], "only the failed files run again: %s", f)
+	}
 	require.Len(t, ea.reports, 2, "the fan-in runs again with the full picture")
-	assert.Len(t, ea.reports[1].Succeeded, 5)
+	assert.Len(t, ea.reports[1].Succeeded, 50)
 	assert.Empty(t, ea.reports[1].Failed)
 	for len(alerts) > 0 {
 		al := <-alerts

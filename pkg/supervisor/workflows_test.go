@@ -201,3 +201,64 @@ func TestWorkflowRunIsOneTrace(t *testing.T) {
 		assert.Equal(t, traceID.String(), ev.GetTraceId(), "job %s is in the run's trace", id)
 	}
 }
+
+// A → (B, C) → D: D receives B's and C's results. A result over the
+// agent's max_result fails its step, the reason named, and the run with it.
+func TestWorkflowDAGPassesResults(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	ctx := fleettest.Ctx(t, time.Minute)
+	_, _ = f.leader(t, fast(supervisor.Config{}), nil)
+	payloads := make(chan json.RawMessage, 4)
+	f.startAgent(t, "", agent.Config{MaxResult: 1024}, func(a *agent.Agent) {
+		must(t, a.Register("a", func(ctx context.Context, _ *agent.Job) error {
+			return agent.RecordResult(ctx, map[string]int{"seed": 7})
+		}, agent.KindOptions{}))
+		must(t, a.Register("b", func(ctx context.Context, _ *agent.Job) error {
+			return agent.RecordResult(ctx, map[string]any{"rows": 42, "from": "b"})
+		}, agent.KindOptions{}))
+		must(t, a.Register("c", func(ctx context.Context, _ *agent.Job) error {
+			return agent.RecordResult(ctx, []string{"x", "y"})
+		}, agent.KindOptions{}))
+		must(t, a.Register("d", func(_ context.Context, job *agent.Job) error {
+			payloads <- job.Payload
+			return nil
+		}, agent.KindOptions{}))
+		must(t, a.Register("huge", func(ctx context.Context, _ *agent.Job) error {
+			return agent.NonRetryable(agent.RecordResult(ctx, strings.Repeat("x", 2048)))
+		}, agent.KindOptions{}))
+	})
+	_, err := f.client.AddWorkflow(ctx, &protocol.WorkflowDefinition{Name: "diamond", Steps: []protocol.WorkflowStep{
+		{Name: "a", Kind: "a"},
+		{Name: "b", Kind: "b", DependsOn: []string{"a"}, Input: json.RawMessage(`{"seed":"{{steps.a.result.seed}}"}`)},
+		{Name: "c", Kind: "c", DependsOn: []string{"a"}},
+		{Name: "d", Kind: "d", DependsOn: []string{"b", "c"},
+			Input: json.RawMessage(`{"b":"{{steps.b.result}}","c":"{{steps.c.result}}","rows":"{{steps.b.result.rows}}"}`)},
+	}})
+	require.NoError(t, err)
+	started, err := f.client.RunWorkflow(ctx, "diamond", nil)
+	require.NoError(t, err)
+	run, err := f.client.WaitWorkflowRun(ctx, started.RunID)
+	require.NoError(t, err)
+	require.Equal(t, jetfleet.WorkflowSucceeded, run.Status)
+	select {
+	case p := <-payloads:
+		assert.JSONEq(t, `{"b":{"rows":42,"from":"b"},"c":["x","y"],"rows":42}`, string(p))
+	default:
+		t.Fatal("d did not run")
+	}
+
+	_, err = f.client.AddWorkflow(ctx, &protocol.WorkflowDefinition{Name: "too-big", Steps: []protocol.WorkflowStep{
+		{Name: "big", Kind: "huge"}, {Name: "after", Kind: "d", DependsOn: []string{"big"}}}})
+	require.NoError(t, err)
+	started, err = f.client.RunWorkflow(ctx, "too-big", nil)
+	require.NoError(t, err)
+	run, err = f.client.WaitWorkflowRun(ctx, started.RunID)
+	require.NoError(t, err)
+	assert.Equal(t, jetfleet.WorkflowFailed, run.Status)
+	require.Len(t, run.Failures.Steps, 1)
+	assert.Equal(t, "big", run.Failures.Steps[0].Step)
+	assert.Contains(t, run.Failures.Steps[0].Error, "agent.max_result")
+	assert.Equal(t, jetfleet.WorkflowSkipped, run.Steps[1].Status, "what depends on it does not run")
+	assert.Empty(t, payloads)
+}
