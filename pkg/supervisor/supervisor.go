@@ -304,6 +304,7 @@ func (s *Supervisor) onLeadership(leading bool) {
 	s.alerter.reset()
 	s.rates.reset()
 	s.trends.reset()
+	s.workflows.forget()
 	s.metrics.leading.Store(1)
 }
 

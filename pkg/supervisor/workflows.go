@@ -49,6 +49,8 @@ type workflows struct {
 	defs, runs jetstream.KeyValue
 	// mu serializes the transitions made on this replica.
 	mu sync.Mutex
+	// cache holds the runs this leader last stored (cachedRun), under mu.
+	cache map[string]cachedRun
 	// pending are the outcomes read from a batch of events and not yet
 	// applied (flush): the events consumer's goroutine alone uses it.
 	pending []pendingOutcome
@@ -142,7 +144,7 @@ func (w *workflows) flush(ctx context.Context) error {
 				w.s.log.Warn("workflow job event ignored", "run", runID, telemetry.LogError, err)
 			}
 			return acts, changed, nil
-		})
+		}, false)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			w.s.log.Warn("events of a workflow run that is not stored (expired or removed); ignored", "run", runID)
 			continue
@@ -167,21 +169,30 @@ func outcomeError(ev *jetfleetpb.JobEvent) string {
 
 // transition applies change to the stored run runID (see workflows).
 // change reports whether it changed the run; an unchanged run with no
-// action to carry out is not stored again.
-func (w *workflows) transition(ctx context.Context, runID string, change func(*workflow.Run) (workflow.Actions, bool, error)) (*workflow.Run, error) {
+// action to carry out is not stored again. view, when set, is the run as
+// the transition left it, made before another transition can change it.
+func (w *workflows) transition(ctx context.Context, runID string, change func(*workflow.Run) (workflow.Actions, bool, error),
+	view bool) (*jetfleet.WorkflowRunDetail, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for attempt := 0; ; attempt++ {
-		run, rev, err := w.load(ctx, runID)
+		run, rev, cached := w.cached(runID)
+		if !cached {
+			var err error
+			if run, rev, err = w.load(ctx, runID); err != nil {
+				return nil, err
+			}
+		}
+		// From here the state may change in memory before it is stored:
+		// the cache holds it again only once it is.
+		delete(w.cache, runID)
+		acts, changed, err := change(run)
 		if err != nil {
 			return nil, err
 		}
-		acts, changed, err := change(run)
-		if err != nil {
-			return run, err
-		}
 		if !changed && len(acts.Publish) == 0 && len(acts.Cancel) == 0 {
-			return run, nil
+			w.remember(run, rev)
+			return detailIf(view, run), nil
 		}
 		now := w.s.clk.Now().UTC()
 		run.UpdatedAt = now
@@ -196,17 +207,60 @@ func (w *workflows) transition(ctx context.Context, runID string, change func(*w
 			return nil, err
 		}
 		rctx, cancel := w.s.requestCtx(ctx)
-		_, err = w.runs.Update(rctx, runID, data, rev)
+		newRev, err := w.runs.Update(rctx, runID, data, rev)
 		cancel()
 		if err == nil {
 			w.s.metrics.workflowTransition(ctx, run, acts)
-			return run, nil
+			w.remember(run, newRev)
+			return detailIf(view, run), nil
 		}
 		if errors.Is(err, jetstream.ErrKeyExists) && attempt < 3 {
 			continue // another replica wrote it (a leader change): decide again from its state
 		}
 		return nil, fmt.Errorf("store workflow run %s: %w", runID, err)
 	}
+}
+
+func detailIf(view bool, run *workflow.Run) *jetfleet.WorkflowRunDetail {
+	if !view {
+		return nil
+	}
+	return runDetail(run)
+}
+
+// The leader keeps the runs it last stored, decoded, with their revision:
+// a transition of a large fan-out's run then decodes nothing. The
+// compare-and-set of the store checks that the revision is still the
+// stored one; on a conflict the run is read again.
+type cachedRun struct {
+	run *workflow.Run
+	rev uint64
+}
+
+// maxCachedRuns bounds the cache; an ended run leaves it.
+const maxCachedRuns = 64
+
+func (w *workflows) cached(runID string) (*workflow.Run, uint64, bool) {
+	c, ok := w.cache[runID]
+	return c.run, c.rev, ok
+}
+
+func (w *workflows) remember(run *workflow.Run, rev uint64) {
+	if run.Status.Ended() {
+		delete(w.cache, run.ID)
+		return
+	}
+	if w.cache == nil || len(w.cache) >= maxCachedRuns {
+		w.cache = map[string]cachedRun{}
+	}
+	w.cache[run.ID] = cachedRun{run: run, rev: rev}
+}
+
+// forget empties the cache (a replica that gains or loses leadership).
+func (w *workflows) forget() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.cache = nil
 }
 
 // fit encodes run for storage. A state the server cannot take in one
@@ -582,12 +636,14 @@ func (w *workflows) start(ctx context.Context, req jetfleet.WorkflowRunRequest, 
 	// run unseen by it.
 	cctx, ccancel := w.s.requestCtx(context.WithoutCancel(ctx))
 	defer ccancel()
-	if _, err := w.runs.Create(cctx, req.RunID, data); err != nil {
+	rev, err := w.runs.Create(cctx, req.RunID, data)
+	if err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return &jetfleet.WorkflowRunResponse{RunID: req.RunID, Duplicate: true, Status: string(run.Status)}, nil
 		}
 		return nil, internal(err)
 	}
+	w.remember(run, rev)
 	w.s.metrics.workflowTransition(ctx, run, acts)
 	w.s.log.Info("workflow run started", "run", run.ID, "workflow", run.Workflow, "jobs", len(acts.Publish))
 	return &jetfleet.WorkflowRunResponse{RunID: req.RunID, Status: string(run.Status)}, nil
@@ -701,14 +757,14 @@ func (w *workflows) leaderOp(ctx context.Context, op string, data []byte) (any, 
 	default:
 		return nil, protocol.Errorf(protocol.CodeInvalidArgument, "unknown operation %q", op)
 	}
-	run, err := w.transition(ctx, req.RunID, change)
+	detail, err := w.transition(ctx, req.RunID, change, true)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, protocol.Errorf(protocol.CodeNotFound, "no workflow run %q", req.RunID)
 	}
 	if err != nil {
 		return nil, err
 	}
-	return runDetail(run), nil
+	return detail, nil
 }
 
 // The API (every replica): definitions, and reading runs.
