@@ -325,6 +325,7 @@ func (s *Supervisor) leaderTasks() []replica.Task {
 		{Name: "queues: depth gauge", Lead: s.queueDepthLoop},
 		{Name: "workflows: forwarded requests", Lead: s.workflows.lead},
 		{Name: "workflows: start messages", Lead: s.workflows.consumeStarts},
+		{Name: "workflows: starts left under way", Lead: s.workflows.recoverStarts},
 	}
 }
 

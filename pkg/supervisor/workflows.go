@@ -606,6 +606,16 @@ func (w *workflows) start(ctx context.Context, req jetfleet.WorkflowRunRequest, 
 	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, internal(err)
 	}
+	if _, err := w.runs.Get(rctx, startIntentKey(req.RunID)); err == nil {
+		// An earlier start of this id got as far as its intent: finish it.
+		run, err := w.finishStart(ctx, req.RunID)
+		if err != nil {
+			return nil, internal(err)
+		}
+		return &jetfleet.WorkflowRunResponse{RunID: req.RunID, Duplicate: true, Status: string(run.Status)}, nil
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, internal(err)
+	}
 	def, _, err := w.definition(rctx, req.Workflow)
 	if err != nil {
 		return nil, err
@@ -628,25 +638,122 @@ func (w *workflows) start(ctx context.Context, req jetfleet.WorkflowRunRequest, 
 	if err != nil {
 		return nil, internal(err)
 	}
+	// The intent first: a leader that dies after publishing the first jobs
+	// and before creating the run leaves it, and the next leader finishes
+	// the start from it (recoverStarts), so no job runs for a run that is
+	// never stored.
+	if _, err := w.runs.Put(rctx, startIntentKey(req.RunID), data); err != nil {
+		return nil, internal(fmt.Errorf("store the start of run %s: %w", req.RunID, err))
+	}
 	if err := w.act(ctx, run, acts); err != nil {
 		return nil, internal(err)
 	}
 	// Its own bound: publishing a large fan-out's first jobs may have used
-	// up rctx, and jobs published for a run that is then not stored would
-	// run unseen by it.
+	// up rctx.
 	cctx, ccancel := w.s.requestCtx(context.WithoutCancel(ctx))
 	defer ccancel()
 	rev, err := w.runs.Create(cctx, req.RunID, data)
+	if err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		return nil, internal(err) // the intent stays: a new start of this id, or the next leader, finishes it
+	}
+	_ = w.runs.Delete(cctx, startIntentKey(req.RunID))
 	if err != nil {
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			return &jetfleet.WorkflowRunResponse{RunID: req.RunID, Duplicate: true, Status: string(run.Status)}, nil
-		}
-		return nil, internal(err)
+		return &jetfleet.WorkflowRunResponse{RunID: req.RunID, Duplicate: true, Status: string(run.Status)}, nil
 	}
 	w.remember(run, rev)
 	w.s.metrics.workflowTransition(ctx, run, acts)
 	w.s.log.Info("workflow run started", "run", run.ID, "workflow", run.Workflow, "jobs", len(acts.Publish))
 	return &jetfleet.WorkflowRunResponse{RunID: req.RunID, Status: string(run.Status)}, nil
+}
+
+// startIntentKey is the key in bucket workflow_runs of a start under way:
+// the run's first state, written before its first jobs are published. Run
+// ids are tokens, so it never names a run.
+func startIntentKey(runID string) string { return startIntentPrefix + runID }
+
+const startIntentPrefix = "starting."
+
+// finishStart finishes the start of runID from its intent: it publishes the
+// run's running jobs again (their ids make that harmless), reports the run
+// as its job and creates the run, unless it exists; then drops the intent.
+func (w *workflows) finishStart(ctx context.Context, runID string) (*workflow.Run, error) {
+	rctx, cancel := w.s.requestCtx(context.WithoutCancel(ctx))
+	defer cancel()
+	e, err := w.runs.Get(rctx, startIntentKey(runID))
+	if err != nil {
+		return nil, err
+	}
+	var run workflow.Run
+	if err := json.Unmarshal(e.Value(), &run); err != nil {
+		return nil, fmt.Errorf("start of run %s: %w", runID, err)
+	}
+	if stored, _, err := w.load(ctx, runID); err == nil {
+		_ = w.runs.Delete(rctx, startIntentKey(runID))
+		return stored, nil
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, err
+	}
+	if err := w.reportAsJob(ctx, &run, protocol.EventStarted); err != nil {
+		return nil, err
+	}
+	acts := workflow.Actions{Publish: run.RunningJobs(), Ended: run.EndedAt != nil}
+	if run.Status == workflow.StatusFailed {
+		f := run.Failures()
+		acts.Alert = &f
+	}
+	if err := w.act(ctx, &run, acts); err != nil {
+		return nil, err
+	}
+	if _, err := w.runs.Create(rctx, runID, e.Value()); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		return nil, err
+	}
+	_ = w.runs.Delete(rctx, startIntentKey(runID))
+	w.s.log.Info("finished a workflow run's start left by an earlier leader", "run", runID, "jobs", len(acts.Publish))
+	return &run, nil
+}
+
+// recoverStarts finishes, once per leadership, the starts an earlier leader
+// left under way (their intents).
+func (w *workflows) recoverStarts(ctx context.Context) {
+	for ctx.Err() == nil {
+		keys, err := w.intents(ctx)
+		if err == nil {
+			for _, key := range keys {
+				w.mu.Lock()
+				_, err = w.finishStart(ctx, strings.TrimPrefix(key, startIntentPrefix))
+				w.mu.Unlock()
+				if err != nil {
+					break
+				}
+			}
+		}
+		if err == nil {
+			return
+		}
+		w.s.log.Warn("cannot finish the workflow starts an earlier leader left; retrying", telemetry.LogError, err)
+		sleepCtx(ctx, time.Second)
+	}
+}
+
+// intents lists the keys of the starts under way.
+func (w *workflows) intents(ctx context.Context) ([]string, error) {
+	watcher, err := w.runs.Watch(ctx, startIntentPrefix+"*", jetstream.IgnoreDeletes(), jetstream.MetaOnly())
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = watcher.Stop() }()
+	var keys []string
+	for {
+		select {
+		case e := <-watcher.Updates():
+			if e == nil {
+				return keys, nil
+			}
+			keys = append(keys, e.Key())
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 }
 
 func (w *workflows) definition(ctx context.Context, name string) (*protocol.WorkflowDefinition, jetstream.KeyValueEntry, error) {
@@ -865,6 +972,9 @@ func (w *workflows) apiRuns(ctx context.Context, data []byte) (any, error) {
 	}
 	runs := []jetfleet.WorkflowRunSummary{}
 	err := w.each(ctx, w.runs, func(e jetstream.KeyValueEntry) {
+		if strings.HasPrefix(e.Key(), startIntentPrefix) {
+			return // a start under way: listed once it is a run
+		}
 		var run workflow.Run
 		if err := json.Unmarshal(e.Value(), &run); err != nil {
 			w.s.log.Warn("stored workflow run unreadable; not listed", "run", e.Key(), telemetry.LogError, err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/trace"
@@ -20,6 +21,7 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/supervisor"
+	"github.com/jetfleet/jetfleet/pkg/supervisor/workflow"
 	"github.com/jetfleet/jetfleet/pkg/topology"
 )
 
@@ -261,4 +263,50 @@ func TestWorkflowDAGPassesResults(t *testing.T) {
 	assert.Contains(t, run.Failures.Steps[0].Error, "agent.max_result")
 	assert.Equal(t, jetfleet.WorkflowSkipped, run.Steps[1].Status, "what depends on it does not run")
 	assert.Empty(t, payloads)
+}
+
+// TestWorkflowStartLeftUnderWayIsFinished: a leader that died after
+// writing a start's intent (and perhaps publishing its first jobs) but
+// before creating the run leaves the intent; the next leader finishes the
+// start — the first jobs published once, the run stored — and it runs to
+// its end.
+func TestWorkflowStartLeftUnderWayIsFinished(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	ctx := fleettest.Ctx(t, time.Minute)
+	def := protocol.WorkflowDefinition{Name: "interrupted", Steps: []protocol.WorkflowStep{
+		{Name: "each", Kind: "step", ForEach: json.RawMessage(`[1,2,3]`)}, {Name: "after", Kind: "step", DependsOn: []string{"each"}}}}
+	run, acts, err := workflow.Start(def, "left-1", nil)
+	require.NoError(t, err)
+	require.Len(t, acts.Publish, 3)
+	run.StartedAt, run.UpdatedAt = time.Now().UTC(), time.Now().UTC()
+	data, err := json.Marshal(run)
+	require.NoError(t, err)
+	runs, err := f.js.KeyValue(ctx, protocol.BucketWorkflowRuns)
+	require.NoError(t, err)
+	_, err = runs.Put(ctx, "starting.left-1", data) // what the dead leader left
+	require.NoError(t, err)
+
+	var mu sync.Mutex
+	ran := map[string]int{}
+	f.startAgent(t, "", agent.Config{}, func(a *agent.Agent) {
+		must(t, a.Register("step", func(_ context.Context, job *agent.Job) error {
+			mu.Lock()
+			defer mu.Unlock()
+			ran[job.ID]++
+			return nil
+		}, agent.KindOptions{}))
+	})
+	_, _ = f.leader(t, fast(supervisor.Config{}), nil)
+	done, err := f.client.WaitWorkflowRun(ctx, "left-1")
+	require.NoError(t, err)
+	assert.Equal(t, jetfleet.WorkflowSucceeded, done.Status)
+	mu.Lock()
+	assert.Equal(t, map[string]int{"wf:left-1:each:0": 1, "wf:left-1:each:1": 1, "wf:left-1:each:2": 1, "wf:left-1:after": 1}, ran)
+	mu.Unlock()
+	_, err = runs.Get(ctx, "starting.left-1")
+	assert.ErrorIs(t, err, jetstream.ErrKeyNotFound, "the intent is gone once the run is stored")
+	listed, err := f.client.WorkflowRuns(ctx, jetfleet.WorkflowRunsRequest{})
+	require.NoError(t, err)
+	require.Len(t, listed, 1, "an intent is no run of its own")
 }

@@ -690,6 +690,35 @@ func (r *Run) parseJobID(jobID string) (step string, element, round int, err err
 	return step, element, round, nil
 }
 
+// RunningJobs are the jobs of the run's running steps and elements, as they
+// were published: what a supervisor publishes again when it cannot know
+// whether an earlier one did (their ids make a second publish harmless).
+func (r *Run) RunningJobs() []Job {
+	var jobs []Job
+	for _, s := range r.Def.Steps {
+		st := r.Steps[s.Name]
+		if st.Status != StatusRunning {
+			continue
+		}
+		if !s.IsFanOut() {
+			if job, err := r.job(s, -1, st.Round, r.scope(s, false, nil, 0)); err == nil {
+				jobs = append(jobs, job)
+			}
+			continue
+		}
+		for i, el := range st.Elements {
+			if el.Status != StatusRunning {
+				continue
+			}
+			item, _ := protocol.DecodeJSON(st.Items[i])
+			if job, err := r.job(s, i, el.Round, r.scope(s, true, item, i)); err == nil {
+				jobs = append(jobs, job)
+			}
+		}
+	}
+	return jobs
+}
+
 // StepNames returns the run's steps in definition order.
 func (r *Run) StepNames() []string {
 	names := make([]string, 0, len(r.Def.Steps))
