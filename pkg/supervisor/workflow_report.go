@@ -1,0 +1,127 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
+	"github.com/jetfleet/jetfleet/pkg/supervisor/workflow"
+	"github.com/jetfleet/jetfleet/pkg/telemetry"
+)
+
+// What a workflow run tells the world: its trace, its alert, and the job
+// events of the job it stands for.
+
+// traceParentHeader is the W3C trace context header.
+const traceParentHeader = "traceparent"
+
+// traceStart records the run's root span, workflow.run <workflow>, as a
+// child of the start message's trace context when it has one (a schedule's
+// fire), and returns its context for the steps' jobs: their attempts are
+// its children, so Jaeger shows a run as one trace. The span itself ends at
+// once (a run outlives any one leader); workflow.end marks the end.
+func (w *workflows) traceStart(ctx context.Context, run *workflow.Run, parent nats.Header) string {
+	if parent != nil {
+		ctx = telemetry.Extract(ctx, parent)
+	}
+	ctx, span := w.s.tracer().Start(ctx, "workflow.run "+run.Workflow, trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(attribute.String("jetfleet.workflow", run.Workflow), attribute.String("jetfleet.workflow_run", run.ID),
+			attribute.Int("jetfleet.workflow_steps", len(run.Def.Steps))))
+	defer span.End()
+	h := nats.Header{}
+	telemetry.Inject(ctx, h)
+	return h.Get(traceParentHeader)
+}
+
+// traceEnd records workflow.end <workflow> in the run's trace: its status
+// and what failed.
+func (w *workflows) traceEnd(ctx context.Context, run *workflow.Run) {
+	h := nats.Header{}
+	if run.TraceParent != "" {
+		h.Set(traceParentHeader, run.TraceParent)
+	}
+	f := run.Failures()
+	_, span := w.s.jobSpan(ctx, "workflow.end "+run.Workflow, h, attribute.String("jetfleet.workflow", run.Workflow),
+		attribute.String("jetfleet.workflow_run", run.ID), attribute.String("jetfleet.workflow_status", string(run.Status)),
+		attribute.Int("jetfleet.workflow_round", run.Round), attribute.Int("jetfleet.workflow_failed_steps", len(f.Steps)),
+		attribute.Int("jetfleet.workflow_failed_elements", len(f.Elements)))
+	if run.Status == workflow.StatusFailed {
+		span.SetStatus(codes.Error, fmt.Sprintf("%d steps and %d elements failed", len(f.Steps), len(f.Elements)))
+	}
+	span.End()
+}
+
+// reportAsJob publishes the job event that stands for a run started as a
+// job (its Trigger): started when it starts, then succeeded, dead (reason
+// workflow_failed) or cancelled at the end of each round, so that the
+// schedule that fired it sees its run end like any job's (overlap
+// policies, dependency triggers, history). typ "" is the end's event.
+func (w *workflows) reportAsJob(ctx context.Context, run *workflow.Run, typ string) error {
+	trig := run.Trigger
+	if trig == nil || trig.JobID == "" {
+		return nil
+	}
+	ev := &jetfleetpb.JobEvent{JobId: trig.JobID, Queue: protocol.WorkflowJobQueue, Kind: run.Workflow,
+		ScheduleId: trig.ScheduleID, Time: timestampNow(w.s.clk)}
+	if protocol.ValidateToken("kind", run.Workflow) != nil {
+		ev.Kind = "_invalid"
+	}
+	if t, err := time.Parse(time.RFC3339, trig.NominalTime); err == nil {
+		ev.NominalTime = timestamppb.New(t)
+	}
+	switch {
+	case typ != "":
+		ev.Type = typ
+	case run.Status == workflow.StatusSucceeded:
+		ev.Type = protocol.EventSucceeded
+	case run.Status == workflow.StatusCancelled:
+		ev.Type, ev.Reason, ev.Error = protocol.EventCancelled, protocol.ReasonCancelled, "the workflow run was cancelled"
+	default:
+		f := run.Failures()
+		ev.Type, ev.Reason = protocol.EventDead, reasonWorkflowFailed
+		ev.Error = fmt.Sprintf("workflow run %s failed: %d steps and %d elements failed", run.ID, len(f.Steps), len(f.Elements))
+		if run.Error != "" {
+			ev.Error = "workflow run " + run.ID + ": " + run.Error
+		}
+	}
+	rctx, cancel := w.s.requestCtx(ctx)
+	defer cancel()
+	msgID := fmt.Sprintf("%s:workflow:%s:%d", ev.GetType(), run.ID, run.Round)
+	if err := w.s.publishJobEvent(rctx, ev, msgID); err != nil {
+		return fmt.Errorf("report run %s as job %s: %w", run.ID, trig.JobID, err)
+	}
+	return nil
+}
+
+// reasonWorkflowFailed is the reason of the dead event of a failed run's job.
+const reasonWorkflowFailed = "workflow_failed"
+
+// alert raises the run's one alert, listing every failed step and element.
+func (w *workflows) alert(ctx context.Context, run *workflow.Run, f *workflow.Failures) {
+	var b strings.Builder
+	for _, sf := range f.Steps {
+		fmt.Fprintf(&b, "step %s: %s\n", sf.Step, sf.Error)
+	}
+	for _, ef := range f.Elements {
+		fmt.Fprintf(&b, "step %s element %d %s: %s\n", ef.Step, ef.Index, ef.Item, ef.Error)
+	}
+	summary := fmt.Sprintf("workflow %s run %s failed: %d steps and %d elements failed", run.Workflow, run.ID,
+		len(f.Steps), len(f.Elements))
+	// The severity of the escalation policy's default: the per-job alerts
+	// of the steps' dead letters are left out for this one.
+	severity := w.s.cfg.Escalation.Default.Alert
+	if severity == SeverityNone {
+		return
+	}
+	w.s.alerter.raise(ctx, &jetfleetpb.Alert{Key: fmt.Sprintf("workflow_failed:%s:%d", run.ID, run.Round),
+		Type: "workflow_failed", Severity: severity, Summary: summary, Error: b.String()})
+}
