@@ -2,11 +2,13 @@ package supervisor
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -124,4 +126,124 @@ func (w *workflows) alert(ctx context.Context, run *workflow.Run, f *workflow.Fa
 	}
 	w.s.alerter.raise(ctx, &jetfleetpb.Alert{Key: fmt.Sprintf("workflow_failed:%s:%d", run.ID, run.Round),
 		Type: "workflow_failed", Severity: severity, Summary: summary, Error: b.String()})
+}
+
+// runSnapshot is what workflow events are told from: the run's and each
+// step's status before a transition.
+type runSnapshot struct {
+	status workflow.Status // "" before the run starts
+	round  int
+	steps  map[string]workflow.Status
+}
+
+func snapshot(run *workflow.Run) runSnapshot {
+	if run == nil {
+		return runSnapshot{}
+	}
+	snap := runSnapshot{status: run.Status, round: run.Round, steps: make(map[string]workflow.Status, len(run.Steps))}
+	for name, st := range run.Steps {
+		snap.steps[name] = st.Status
+	}
+	return snap
+}
+
+// events are the workflow events of the change from before to run: a
+// run's start and end, and each step's start and end (a step that starts
+// again in a new round starts again).
+func runEvents(before runSnapshot, run *workflow.Run, now time.Time) []protocol.WorkflowEvent {
+	base := protocol.WorkflowEvent{Workflow: run.Workflow, RunID: run.ID, Round: run.Round, Time: now}
+	if run.Trigger != nil {
+		base.JobID = run.Trigger.JobID
+	}
+	if parts := strings.Split(run.TraceParent, "-"); len(parts) == 4 {
+		base.TraceID = parts[1]
+	}
+	var evs []protocol.WorkflowEvent
+	if before.status != workflow.StatusRunning && run.Status == workflow.StatusRunning {
+		ev := base
+		ev.Type = protocol.WorkflowRunStarted
+		evs = append(evs, ev)
+	}
+	for _, s := range run.Def.Steps {
+		st := run.Steps[s.Name]
+		was := before.steps[s.Name]
+		if was == st.Status && before.round == run.Round {
+			continue
+		}
+		ev := base
+		ev.Step = s.Name
+		switch st.Status {
+		case workflow.StatusRunning:
+			ev.Type = protocol.WorkflowStepStarted
+		case workflow.StatusSucceeded:
+			ev.Type = protocol.WorkflowStepSucceeded
+		case workflow.StatusFailed:
+			ev.Type, ev.Error = protocol.WorkflowStepFailed, st.Error
+		case workflow.StatusSkipped:
+			ev.Type = protocol.WorkflowStepSkipped
+		case workflow.StatusCancelled:
+			ev.Type = protocol.WorkflowStepCancelled
+		default:
+			continue
+		}
+		if was == st.Status { // the same status in a new round: only a start is news
+			if st.Status != workflow.StatusRunning || st.Round != run.Round {
+				continue
+			}
+		}
+		if s.IsFanOut() && st.Status != workflow.StatusRunning {
+			ev.Elements = map[string]int{}
+			for _, el := range st.Elements {
+				ev.Elements[string(el.Status)]++
+			}
+		}
+		evs = append(evs, ev)
+	}
+	if before.status == workflow.StatusRunning || before.status == "" {
+		if run.Status.Ended() {
+			ev := base
+			f := run.Failures()
+			ev.FailedSteps, ev.FailedElements, ev.Error = len(f.Steps), len(f.Elements), run.Error
+			switch run.Status {
+			case workflow.StatusSucceeded:
+				ev.Type = protocol.WorkflowRunSucceeded
+			case workflow.StatusCancelled:
+				ev.Type = protocol.WorkflowRunCancelled
+			default:
+				ev.Type = protocol.WorkflowRunFailed
+			}
+			evs = append(evs, ev)
+		}
+	}
+	return evs
+}
+
+// publishEvents stores workflow events and waits for the server; an event
+// published again (a transition done again) is deduplicated by its id.
+func (w *workflows) publishEvents(ctx context.Context, evs []protocol.WorkflowEvent) error {
+	futures := make([]jetstream.PubAckFuture, 0, len(evs))
+	for _, ev := range evs {
+		data, err := json.Marshal(ev)
+		if err != nil {
+			return err
+		}
+		msg := nats.NewMsg(protocol.WorkflowEventSubject(ev.Workflow, ev.Type, ev.RunID))
+		msg.Data = data
+		msg.Header.Set(protocol.HeaderMsgID, fmt.Sprintf("wfev:%s:%d:%s:%s", ev.RunID, ev.Round, ev.Step, ev.Type))
+		f, err := w.s.js.PublishMsgAsync(msg)
+		if err != nil {
+			return fmt.Errorf("workflow event %s of run %s: %w", ev.Type, ev.RunID, err)
+		}
+		futures = append(futures, f)
+	}
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return fmt.Errorf("workflow event: %w", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }

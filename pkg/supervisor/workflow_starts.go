@@ -189,7 +189,7 @@ func (w *workflows) start(ctx context.Context, req jetfleet.WorkflowRunRequest, 
 	if _, err := w.runs.Put(rctx, startIntentKey(req.RunID), data); err != nil {
 		return nil, internal(fmt.Errorf("store the start of run %s: %w", req.RunID, err))
 	}
-	if err := w.act(ctx, run, acts); err != nil {
+	if err := w.act(ctx, run, acts, runEvents(snapshot(nil), run, now)); err != nil {
 		return nil, internal(err)
 	}
 	// Its own bound: publishing a large fan-out's first jobs may have used
@@ -245,7 +245,7 @@ func (w *workflows) finishStart(ctx context.Context, runID string) (*workflow.Ru
 		f := run.Failures()
 		acts.Alert = &f
 	}
-	if err := w.act(ctx, &run, acts); err != nil {
+	if err := w.act(ctx, &run, acts, runEvents(snapshot(nil), &run, w.s.clk.Now().UTC())); err != nil {
 		return nil, err
 	}
 	if _, err := w.runs.Create(rctx, runID, e.Value()); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {

@@ -168,6 +168,7 @@ func (w *workflows) transition(ctx context.Context, runID string, change func(*w
 		// From here the state may change in memory before it is stored:
 		// the cache holds it again only once it is.
 		delete(w.cache, runID)
+		before := snapshot(run)
 		acts, changed, err := change(run)
 		if err != nil {
 			return nil, err
@@ -185,7 +186,7 @@ func (w *workflows) transition(ctx context.Context, runID string, change func(*w
 		if err != nil {
 			return nil, err
 		}
-		if err := w.act(ctx, run, acts); err != nil {
+		if err := w.act(ctx, run, acts, runEvents(before, run, now)); err != nil {
 			return nil, err
 		}
 		rctx, cancel := w.s.requestCtx(ctx)
@@ -277,8 +278,9 @@ func (w *workflows) fit(run *workflow.Run, acts workflow.Actions) ([]byte, workf
 	return data, abort, nil
 }
 
-// act carries out a transition's actions: publish, cancel, alert.
-func (w *workflows) act(ctx context.Context, run *workflow.Run, acts workflow.Actions) error {
+// act carries out a transition's actions: publish, cancel, alert, and
+// records its workflow events.
+func (w *workflows) act(ctx context.Context, run *workflow.Run, acts workflow.Actions, evs []protocol.WorkflowEvent) error {
 	if len(acts.Publish) > 0 {
 		if err := w.publish(ctx, run, acts.Publish); err != nil {
 			return err
@@ -293,6 +295,9 @@ func (w *workflows) act(ctx context.Context, run *workflow.Run, acts workflow.Ac
 	}
 	if acts.Alert != nil {
 		w.alert(ctx, run, acts.Alert)
+	}
+	if err := w.publishEvents(ctx, evs); err != nil {
+		return err
 	}
 	if acts.Ended {
 		if err := w.reportAsJob(ctx, run, ""); err != nil {

@@ -238,11 +238,23 @@ func TestWorkflowDAGPassesResults(t *testing.T) {
 			Input: json.RawMessage(`{"b":"{{steps.b.result}}","c":"{{steps.c.result}}","rows":"{{steps.b.result.rows}}"}`)},
 	}})
 	require.NoError(t, err)
+	events := subscribe(t, f.nc, protocol.WorkflowEventsSubjects)
 	started, err := f.client.RunWorkflow(ctx, "diamond", nil)
 	require.NoError(t, err)
 	run, err := f.client.WaitWorkflowRun(ctx, started.RunID)
 	require.NoError(t, err)
 	require.Equal(t, jetfleet.WorkflowSucceeded, run.Status)
+	var seen []string
+	for len(seen) < 10 {
+		m := events.next(t, 10*time.Second)
+		var ev protocol.WorkflowEvent
+		require.NoError(t, json.Unmarshal(m.Data, &ev))
+		assert.Equal(t, protocol.WorkflowEventSubject("diamond", ev.Type, started.RunID), m.Subject)
+		seen = append(seen, strings.TrimSpace(ev.Type+" "+ev.Step))
+	}
+	assert.ElementsMatch(t, []string{"run_started", "step_started a", "step_succeeded a", "step_started b", "step_started c",
+		"step_succeeded b", "step_succeeded c", "step_started d", "step_succeeded d", "run_succeeded"}, seen,
+		"the run's and each step's start and end")
 	select {
 	case p := <-payloads:
 		assert.JSONEq(t, `{"b":{"rows":42,"from":"b"},"c":["x","y"],"rows":42}`, string(p))
