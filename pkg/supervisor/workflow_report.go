@@ -236,14 +236,8 @@ func (w *workflows) publishEvents(ctx context.Context, evs []protocol.WorkflowEv
 		}
 		futures = append(futures, f)
 	}
-	for _, f := range futures {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			return fmt.Errorf("workflow event: %w", err)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	if err := waitFutures(ctx, futures, workflowPublishTimeout); err != nil {
+		return fmt.Errorf("workflow events: %w", err)
 	}
 	return nil
 }

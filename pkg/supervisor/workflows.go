@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -330,17 +331,15 @@ func (w *workflows) publish(ctx context.Context, run *workflow.Run, jobs []workf
 		}
 		futures = append(futures, f)
 	}
-	for _, f := range futures {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			return fmt.Errorf("publish %s: %w", f.Msg().Header.Get(protocol.HeaderJobID), err)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	if err := waitFutures(ctx, futures, workflowPublishTimeout); err != nil {
+		return fmt.Errorf("publish the jobs of run %s: %w", run.ID, err)
 	}
 	return nil
 }
+
+// workflowPublishTimeout bounds the wait for the acks of one transition's
+// jobs or events (a large fan-out's first jobs are thousands).
+const workflowPublishTimeout = time.Minute
 
 func (w *workflows) load(ctx context.Context, runID string) (*workflow.Run, uint64, error) {
 	rctx, cancel := w.s.requestCtx(ctx)
