@@ -79,7 +79,12 @@ func (r *replies) send(msg *nats.Msg, w answerWaiter) error {
 	var buf [64]byte
 	msg.Reply = string(strconv.AppendUint(append(buf[:0], r.prefix...), id, 10))
 	if err := r.nc.PublishMsg(msg); err != nil {
-		r.take(id)
+		if r.take(id) == nil {
+			// Answered already: the connection dropped meanwhile and
+			// abandon (or expire) told w. Telling it again would settle
+			// its event twice.
+			return nil
+		}
 		return err
 	}
 	return nil
