@@ -145,9 +145,22 @@ func TestDashboardInABrowser(t *testing.T) {
 		st.do(chromedp.Click(`#letters tr[data-job="`+res.JobID+`"] th a`), chromedp.WaitVisible(`#replay`))
 		st.shot("dlq-letter")
 		st.do(chromedp.Click(`#replay`), chromedp.WaitVisible(`.flash`))
+		// The job keeps its id: until the replay's events arrive, its latest
+		// event is still the first run's dead one, which Wait would return
+		// at once. Wait for the replay's outcome.
 		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 		defer wcancel()
-		info, err := st.client.Wait(wctx, res.JobID)
+		var info *jetfleet.JobInfo
+		for {
+			info, err = st.client.Wait(wctx, res.JobID)
+			if err != nil || info.State == protocol.EventSucceeded || wctx.Err() != nil {
+				break
+			}
+			select { // still the first run's end: look again shortly
+			case <-wctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
 		if err != nil || info.State != protocol.EventSucceeded {
 			t.Fatalf("replayed job: %+v, %v", info, err)
 		}
