@@ -18,6 +18,7 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
 	"github.com/jetfleet/jetfleet/pkg/service"
+	"github.com/jetfleet/jetfleet/pkg/supervisor"
 	"github.com/jetfleet/jetfleet/pkg/topology"
 )
 
@@ -308,6 +309,29 @@ func waitQueueEmpty(ctx context.Context, js jetstream.JetStream, queue string) e
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("queue %s still holds %d pending and %d unacknowledged jobs", queue, info.NumPending, info.NumAckPending)
+		case <-time.After(5 * time.Millisecond): // polling server state; no event marks it
+		}
+	}
+}
+
+// waitEventsRead waits until the supervisor has read and acked every job
+// event stored so far, so a phase does not pay for the events of the one
+// before it.
+func waitEventsRead(ctx context.Context, js jetstream.JetStream) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	for {
+		cons, err := js.Consumer(ctx, protocol.StreamEvents, supervisor.ConsumerName)
+		if err != nil {
+			return err
+		}
+		info := cons.CachedInfo()
+		if info.NumPending == 0 && info.NumAckPending == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the supervisor has %d job events left to read and %d unacknowledged", info.NumPending, info.NumAckPending)
 		case <-time.After(5 * time.Millisecond): // polling server state; no event marks it
 		}
 	}

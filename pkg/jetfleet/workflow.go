@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 )
 
@@ -272,12 +274,19 @@ func (c *Client) CancelWorkflowRun(ctx context.Context, runID string) (*Workflow
 }
 
 // WaitWorkflowRun returns the run once it has ended (succeeded, failed or
-// cancelled), or ctx's error. It asks the supervisor every poll interval
-// (250 ms, growing to 2 s), each ask bounded by 10 s. A run not found yet is
-// waited for too — its start message may not have been taken yet — and so
-// is a supervisor that does not answer for a moment (unavailable: a leader
-// change); so bound ctx.
+// cancelled), or ctx's error. It asks the supervisor when one of the run's
+// workflow events is stored (docs/protocol.md §8.4) and, in case none comes,
+// every poll interval (250 ms, growing to 2 s); each ask is bounded by 10 s.
+// A run not found yet is waited for too — its start message may not have
+// been taken yet — and so is a supervisor that does not answer for a moment
+// (unavailable: a leader change); so bound ctx.
 func (c *Client) WaitWorkflowRun(ctx context.Context, runID string) (*WorkflowRunDetail, error) {
+	if err := protocol.ValidateWorkflowName("run id", runID); err != nil {
+		return nil, protocol.FieldError("run_id", "%v", err)
+	}
+	changed, stop := c.watchWorkflowRun(ctx, runID)
+	defer stop()
+	const soon = 20 * time.Millisecond // an end event is published just before the run is stored as ended
 	interval := 250 * time.Millisecond
 	for {
 		askCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -298,8 +307,35 @@ func (c *Client) WaitWorkflowRun(ctx context.Context, runID string) (*WorkflowRu
 		case <-ctx.Done():
 			t.Stop()
 			return nil, ctx.Err()
+		case <-changed:
+			t.Stop()
+			interval = soon
 		case <-t.C:
+			interval = min(2*interval, 2*time.Second)
 		}
-		interval = min(2*interval, 2*time.Second)
 	}
+}
+
+// watchWorkflowRun signals on changed when a workflow event of the run is
+// stored. Without read access to EVENTS it never signals, and
+// WaitWorkflowRun polls.
+func (c *Client) watchWorkflowRun(ctx context.Context, runID string) (changed <-chan struct{}, stop func()) {
+	signal := make(chan struct{}, 1)
+	cons, err := c.js.OrderedConsumer(ctx, protocol.StreamEvents, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{protocol.WorkflowEventSubject("*", "*", runID)},
+		DeliverPolicy:  jetstream.DeliverNewPolicy,
+	})
+	if err != nil {
+		return signal, func() {}
+	}
+	cc, err := cons.Consume(func(jetstream.Msg) {
+		select {
+		case signal <- struct{}{}:
+		default: // one signal pending is enough: the next ask sees everything
+		}
+	})
+	if err != nil {
+		return signal, func() {}
+	}
+	return signal, cc.Stop
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 )
@@ -204,22 +205,77 @@ func walkStrings(v any, fn func(string)) {
 // RenderWorkflowInput builds a job's payload from the step's input
 // template; without one, the payload is the run's input.
 func RenderWorkflowInput(raw json.RawMessage, scope WorkflowScope) (json.RawMessage, error) {
+	inputs, err := NewWorkflowInputs(raw, scope)
+	if err != nil {
+		return nil, err
+	}
+	item, err := roundTrip(scope.Item) // the shape a template sees
+	if err != nil {
+		return nil, err
+	}
+	return inputs.Render(item, scope.Index)
+}
+
+// WorkflowInputs renders one step's input for many jobs — the elements of a
+// fan-out — decoding the template and the scope once: the scope holds the
+// outcomes of the steps upstream, which can be a list of thousands, and
+// rebuilding it per element made a fan-out quadratic.
+type WorkflowInputs struct {
+	template any             // decoded; nil without a template
+	runInput json.RawMessage // the payload without a template
+	base     map[string]any  // the scope without item and index
+	inFanOut bool
+}
+
+// NewWorkflowInputs prepares the rendering of template raw in scope (whose
+// Item and Index are left out: Render gives them).
+func NewWorkflowInputs(raw json.RawMessage, scope WorkflowScope) (*WorkflowInputs, error) {
 	if len(raw) == 0 {
-		return json.Marshal(scope.Input)
+		input, err := json.Marshal(scope.Input)
+		if err != nil {
+			return nil, fmt.Errorf("run input: %w", err)
+		}
+		return &WorkflowInputs{runInput: input}, nil
 	}
-	v, err := decodeJSON(raw)
+	template, err := decodeJSON(raw)
 	if err != nil {
 		return nil, err
 	}
-	root, err := scope.root()
+	inFanOut := scope.InFanOut
+	scope.InFanOut, scope.Item, scope.Index = false, nil, 0
+	base, err := scope.root()
 	if err != nil {
 		return nil, err
 	}
-	out, err := render(v, root)
+	return &WorkflowInputs{template: template, base: base, inFanOut: inFanOut}, nil
+}
+
+// Render builds the payload of the job of element index, whose item is as
+// DecodeJSON returns it (ignored outside a fan-out: see WorkflowScope).
+func (w *WorkflowInputs) Render(item any, index int) (json.RawMessage, error) {
+	if w.template == nil {
+		return w.runInput, nil
+	}
+	root := w.base
+	if w.inFanOut {
+		root = make(map[string]any, len(w.base)+2)
+		maps.Copy(root, w.base)
+		root["item"], root["index"] = item, json.Number(strconv.Itoa(index))
+	}
+	out, err := render(w.template, root)
 	if err != nil {
 		return nil, err
 	}
 	return json.Marshal(out)
+}
+
+// roundTrip returns v as DecodeJSON would read it once marshalled.
+func roundTrip(v any) (any, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("workflow scope: %w", err)
+	}
+	return decodeJSON(b)
 }
 
 // RenderForEach yields the elements of a fan-out step.

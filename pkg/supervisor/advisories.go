@@ -34,7 +34,7 @@ func (s *Supervisor) consume(ctx context.Context, stream string, batch int, hand
 	for ctx.Err() == nil {
 		var err error
 		rctx, cancel := s.requestCtx(ctx)
-		cons, err = s.js.Consumer(rctx, stream, consumerName)
+		cons, err = s.js.Consumer(rctx, stream, ConsumerName)
 		cancel()
 		if err == nil {
 			break

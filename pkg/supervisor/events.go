@@ -121,7 +121,7 @@ func (s *Supervisor) handleEvents(ctx context.Context, msgs []jetstream.Msg) (in
 func (s *Supervisor) adoptEvents(ctx context.Context) error {
 	rctx, cancel := s.requestCtx(ctx)
 	defer cancel()
-	cons, err := s.events.Consumer(rctx, consumerName)
+	cons, err := s.events.Consumer(rctx, ConsumerName)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		s.log.Error("the events consumer was missing; created anew: events stored meanwhile are not in the history")
 		_, err = s.js.CreateConsumer(rctx, protocol.StreamEvents, leaderConsumer(eventsConsumerConfig()))
@@ -164,7 +164,7 @@ func (s *Supervisor) rewindEvents(ctx context.Context, seq uint64, at time.Time)
 	}
 	rctx, cancel := s.requestCtx(ctx)
 	defer cancel()
-	if err := s.js.DeleteConsumer(rctx, protocol.StreamEvents, consumerName); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+	if err := s.js.DeleteConsumer(rctx, protocol.StreamEvents, ConsumerName); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return fmt.Errorf("rewind the events consumer: %w", err)
 	}
 	for {

@@ -72,10 +72,9 @@ type Supervisor struct {
 	agentsLoaded atomic.Bool
 }
 
-// Durable consumers of the leader (one name on each stream it reads).
-const (
-	consumerName = "supervisor"
-)
+// ConsumerName names the leader's durable consumer on each stream it reads
+// (EVENTS, dead letters, advisories, WORKFLOWS).
+const ConsumerName = "supervisor"
 
 // New builds a supervisor replica from env (a connection to a provisioned
 // JetStream). clk drives liveness, deadlines, breaker windows and alert
@@ -233,7 +232,7 @@ func (s *Supervisor) provision(ctx context.Context) error {
 		// An existing consumer with another configuration is kept; the
 		// leader brings the EVENTS consumer up to date (adoptEvents).
 		if _, err := s.js.CreateConsumer(ctx, c.stream, cfg); err != nil && !errors.Is(err, jetstream.ErrConsumerExists) {
-			return fmt.Errorf("consumer %s on %s: %w", consumerName, c.stream, err)
+			return fmt.Errorf("consumer %s on %s: %w", ConsumerName, c.stream, err)
 		}
 	}
 	return nil
@@ -242,7 +241,7 @@ func (s *Supervisor) provision(ctx context.Context) error {
 // leaderConsumer completes the configuration of one of the leader's
 // durable consumers.
 func leaderConsumer(cfg jetstream.ConsumerConfig) jetstream.ConsumerConfig {
-	cfg.Durable, cfg.Name = consumerName, consumerName
+	cfg.Durable, cfg.Name = ConsumerName, ConsumerName
 	cfg.Description = "jetfleet supervisor leader"
 	cfg.AckWait = 30 * time.Second
 	cfg.MaxDeliver = -1

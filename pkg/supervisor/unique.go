@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -35,17 +37,21 @@ type uniqueBucket struct {
 
 // holdLookup is the result of reading a job's hold.
 type holdLookup struct {
-	entry jetstream.KeyValueEntry
-	err   error
+	value    []byte
+	revision uint64
+	err      error // jetstream.ErrKeyNotFound when the job holds none
 }
 
-// uniqueLookups bounds the hold lookups in flight at once.
-const uniqueLookups = 32
+// uniqueLookupBatch bounds the keys of one batched read: the server answers
+// up to 1,024 of them at once.
+const uniqueLookupBatch = 512
 
-// prefetchUniqueHolds reads, concurrently, the hold of every job whose run
-// an event of msgs ends. A job's hold is written before the job is
-// published, so it is there when its run ends; a lookup that failed is
-// made again, alone, when its event is handled.
+// prefetchUniqueHolds reads the hold of every job whose run an event of
+// msgs ends, in one batched direct get (multi_last) per 512 jobs; a job
+// without a hold — the usual case — costs no request of its own. A job's
+// hold is written before the job is published, so it is there when its
+// run ends; a read that failed is made again, alone, when its event is
+// handled.
 func (s *Supervisor) prefetchUniqueHolds(ctx context.Context, msgs []jetstream.Msg) {
 	s.unique.holds = nil
 	var keys []string
@@ -65,37 +71,37 @@ func (s *Supervisor) prefetchUniqueHolds(ctx context.Context, msgs []jetstream.M
 		}
 		keys = append(keys, protocol.UniqueJobKey(ev.GetJobId()))
 	}
-	if len(keys) < 2 {
+	if len(keys) == 0 {
 		return
 	}
 	rctx, cancel := s.requestCtx(ctx)
 	defer cancel()
-	kv, err := s.uniqueKV(rctx)
-	if err != nil {
-		return
-	}
-	results := make([]holdLookup, len(keys))
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range min(uniqueLookups, len(keys)) {
-		wg.Go(func() {
-			for i := range next {
-				results[i].entry, results[i].err = kv.Get(rctx, keys[i])
-			}
-		})
-	}
-	for i := range keys {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
+	const prefix = "$KV." + protocol.BucketUnique + "."
 	s.unique.holds = make(map[string]holdLookup, len(keys))
-	for i, k := range keys {
-		if r := results[i]; r.err == nil || errors.Is(r.err, jetstream.ErrKeyNotFound) {
-			s.unique.holds[k] = r
+	for chunk := range slices.Chunk(keys, uniqueLookupBatch) {
+		subjects := make([]string, len(chunk))
+		for i, k := range chunk {
+			subjects[i] = prefix + k
+		}
+		found, err := protocol.DirectGetBatch(rctx, s.nc, "KV_"+protocol.BucketUnique,
+			protocol.DirectGetRequest{MultiLast: subjects, Batch: len(subjects)})
+		if err != nil {
+			continue // each is read alone
+		}
+		for _, k := range chunk {
+			s.unique.holds[k] = holdLookup{err: jetstream.ErrKeyNotFound}
+		}
+		for _, m := range found {
+			if m.Header.Get(kvOperationHeader) != "" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
+				continue // deleted, purged or expired: no hold
+			}
+			s.unique.holds[strings.TrimPrefix(m.Subject, prefix)] = holdLookup{value: m.Data, revision: m.Sequence}
 		}
 	}
 }
+
+// kvOperationHeader marks a key-value delete or purge.
+const kvOperationHeader = "KV-Operation"
 
 func (s *Supervisor) uniqueKV(ctx context.Context) (jetstream.KeyValue, error) {
 	s.unique.mu.Lock()
@@ -122,13 +128,15 @@ func (s *Supervisor) releaseUnique(ctx context.Context, ev *jetfleetpb.JobEvent)
 		return err
 	}
 	jobKey := protocol.UniqueJobKey(ev.GetJobId())
-	var e jetstream.KeyValueEntry
-	if l, ok := s.unique.holds[jobKey]; ok {
+	h, ok := s.unique.holds[jobKey]
+	if ok {
 		delete(s.unique.holds, jobKey) // used once: an event read again looks again
-		e, err = l.entry, l.err
+	} else if e, gerr := kv.Get(rctx, jobKey); gerr != nil {
+		h.err = gerr
 	} else {
-		e, err = kv.Get(rctx, jobKey)
+		h.value, h.revision = e.Value(), e.Revision()
 	}
+	err = h.err
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil // holds no claim (the usual case), or released already
 	}
@@ -136,7 +144,7 @@ func (s *Supervisor) releaseUnique(ctx context.Context, ev *jetfleetpb.JobEvent)
 		return fmt.Errorf("unique hold of job %s: %w", ev.GetJobId(), err)
 	}
 	log := s.log.With(telemetry.LogJobID, ev.GetJobId(), telemetry.LogQueue, ev.GetQueue(), telemetry.LogKind, ev.GetKind())
-	hold, err := protocol.ParseUniqueHold(e.Value())
+	hold, err := protocol.ParseUniqueHold(h.value)
 	if err != nil {
 		log.Warn("unreadable unique hold dropped; its claim ends with its TTL", telemetry.LogError, err)
 	} else if protocol.UniqueReleasedBy(hold.Until, ev.GetType()) {
@@ -147,7 +155,7 @@ func (s *Supervisor) releaseUnique(ctx context.Context, ev *jetfleetpb.JobEvent)
 	}
 	// The run is over: the hold has served (a period claim that stays ends
 	// with its TTL).
-	err = kv.Purge(rctx, jobKey, jetstream.LastRevision(e.Revision()), jetstream.PurgeTTL(protocol.UniqueMarkerTTL))
+	err = kv.Purge(rctx, jobKey, jetstream.LastRevision(h.revision), jetstream.PurgeTTL(protocol.UniqueMarkerTTL))
 	if err != nil && !errors.Is(err, jetstream.ErrKeyExists) && !isWrongRevision(err) {
 		return fmt.Errorf("drop the unique hold of job %s: %w", ev.GetJobId(), err)
 	}

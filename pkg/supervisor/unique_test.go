@@ -3,6 +3,7 @@ package supervisor_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -194,4 +195,37 @@ func TestUniqueAcrossFailover(t *testing.T) {
 	again = f.enqueueUnique(t, ctx)
 	assert.True(t, again.Duplicate, "the new job holds the key under the new leader")
 	assert.Equal(t, next.JobID, again.JobID)
+}
+
+// TestUniqueKeysOfABurstAreAllReleased: the holds of a burst of jobs, some
+// unique and some not, are read in batches; every unique key is released
+// once its job succeeded, and a new job of each key is stored after.
+func TestUniqueKeysOfABurstAreAllReleased(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	f.leader(t, fast(supervisor.Config{}), nil)
+	ctx := fleettest.Ctx(t, 60*time.Second)
+	f.startAgent(t, "", agent.Config{ID: "burst-1", Concurrency: 32}, func(a *agent.Agent) {
+		must(t, a.Register("report", func(context.Context, *agent.Job) error { return nil }, agent.KindOptions{}))
+	})
+	const n = 60
+	unique := make([]string, 0, n)
+	for i := range n {
+		customer := fmt.Sprintf("customer-%d", i)
+		res, err := f.client.Enqueue(ctx, report{Customer: customer}, jetfleet.WithUniqueUntilFinished(customer))
+		require.NoError(t, err)
+		require.False(t, res.Duplicate)
+		unique = append(unique, res.JobID)
+		_, err = f.client.Enqueue(ctx, report{Customer: customer})
+		require.NoError(t, err)
+	}
+	for _, id := range unique {
+		f.released(t, id)
+	}
+	for i := range n {
+		customer := fmt.Sprintf("customer-%d", i)
+		res, err := f.client.Enqueue(ctx, report{Customer: customer}, jetfleet.WithUniqueUntilFinished(customer))
+		require.NoError(t, err)
+		assert.False(t, res.Duplicate, "key %s was released", customer)
+	}
 }

@@ -497,7 +497,7 @@ func (r *Run) condition(s protocol.WorkflowStep) (run, forFailure bool) {
 func (r *Run) startStep(s protocol.WorkflowStep, st *StepState, acts *Actions) {
 	st.Status, st.Round = StatusRunning, r.Round
 	if !s.IsFanOut() {
-		job, err := r.job(s, -1, r.Round, r.scope(s, false, nil, 0))
+		job, err := r.job(s, -1, r.Round, nil)
 		if err != nil {
 			st.Status, st.Error = StatusFailed, err.Error()
 			return
@@ -505,7 +505,7 @@ func (r *Run) startStep(s protocol.WorkflowStep, st *StepState, acts *Actions) {
 		acts.Publish = append(acts.Publish, job)
 		return
 	}
-	items, err := protocol.RenderForEach(s.ForEach, r.scope(s, false, nil, 0))
+	items, err := protocol.RenderForEach(s.ForEach, r.scope(s, false))
 	if err != nil {
 		st.Status, st.Error = StatusFailed, err.Error()
 		return
@@ -543,6 +543,7 @@ func (r *Run) fillFanOut(name string, st *StepState, acts *Actions) {
 			}
 		}
 	}
+	var inputs *protocol.WorkflowInputs // prepared once for every element this fill starts
 	for i := range st.Elements {
 		if s.Parallelism > 0 && running >= s.Parallelism {
 			break
@@ -551,8 +552,14 @@ func (r *Run) fillFanOut(name string, st *StepState, acts *Actions) {
 		if el.Status != StatusWaiting {
 			continue
 		}
-		item, _ := protocol.DecodeJSON(st.Items[i]) // marshalled by startStep
-		job, err := r.job(s, i, r.Round, r.scope(s, true, item, i))
+		var err error
+		if inputs == nil {
+			inputs, err = r.inputs(s, true)
+		}
+		var job Job
+		if err == nil {
+			job, err = r.job(s, i, r.Round, inputs)
+		}
 		if err != nil {
 			el.Status, el.Error = StatusFailed, err.Error()
 			if s.OnElementFailure == protocol.ElementFailureFailFast {
@@ -609,11 +616,12 @@ func (r *Run) failFast(name string, st *StepState, acts *Actions) {
 }
 
 // scope is what a step's templates read: the run, its input, the outcomes
-// of the steps upstream and, in a fan-out, the element.
-func (r *Run) scope(s protocol.WorkflowStep, inFanOut bool, item any, index int) protocol.WorkflowScope {
+// of the steps upstream and, in a fan-out, the element (given to
+// WorkflowInputs.Render).
+func (r *Run) scope(s protocol.WorkflowStep, inFanOut bool) protocol.WorkflowScope {
 	input, _ := protocol.DecodeJSON(r.Input) // validated by Start
-	sc := protocol.WorkflowScope{RunID: r.ID, Workflow: r.Workflow, Input: input, InFanOut: inFanOut, Item: item,
-		Index: index, Steps: map[string]protocol.WorkflowStepOutcome{}}
+	sc := protocol.WorkflowScope{RunID: r.ID, Workflow: r.Workflow, Input: input, InFanOut: inFanOut,
+		Steps: map[string]protocol.WorkflowStepOutcome{}}
 	for name := range r.Def.Upstream(s.Name) {
 		sc.Steps[name] = r.outcomeOf(name)
 	}
@@ -645,8 +653,29 @@ func (r *Run) outcomeOf(name string) protocol.WorkflowStepOutcome {
 	return out
 }
 
-func (r *Run) job(s protocol.WorkflowStep, element, round int, sc protocol.WorkflowScope) (Job, error) {
-	payload, err := protocol.RenderWorkflowInput(s.Input, sc)
+// inputs prepares the rendering of step s's input in the run's scope.
+func (r *Run) inputs(s protocol.WorkflowStep, inFanOut bool) (*protocol.WorkflowInputs, error) {
+	inputs, err := protocol.NewWorkflowInputs(s.Input, r.scope(s, inFanOut))
+	if err != nil {
+		return nil, fmt.Errorf("input: %w", err)
+	}
+	return inputs, nil
+}
+
+// job builds the job of a step (element -1) or of one element of a fan-out,
+// rendering its input with inputs (prepared by r.inputs; nil for a step
+// that is not a fan-out, whose scope is prepared here).
+func (r *Run) job(s protocol.WorkflowStep, element, round int, inputs *protocol.WorkflowInputs) (Job, error) {
+	var item any
+	if element >= 0 {
+		item, _ = protocol.DecodeJSON(r.Steps[s.Name].Items[element]) // marshalled by startStep
+	} else {
+		var err error
+		if inputs, err = r.inputs(s, false); err != nil {
+			return Job{}, err
+		}
+	}
+	payload, err := inputs.Render(item, element)
 	if err != nil {
 		return Job{}, fmt.Errorf("input: %w", err)
 	}
@@ -701,17 +730,20 @@ func (r *Run) RunningJobs() []Job {
 			continue
 		}
 		if !s.IsFanOut() {
-			if job, err := r.job(s, -1, st.Round, r.scope(s, false, nil, 0)); err == nil {
+			if job, err := r.job(s, -1, st.Round, nil); err == nil {
 				jobs = append(jobs, job)
 			}
 			continue
+		}
+		inputs, err := r.inputs(s, true)
+		if err != nil {
+			continue // it could not have been published
 		}
 		for i, el := range st.Elements {
 			if el.Status != StatusRunning {
 				continue
 			}
-			item, _ := protocol.DecodeJSON(st.Items[i])
-			if job, err := r.job(s, i, el.Round, r.scope(s, true, item, i)); err == nil {
+			if job, err := r.job(s, i, el.Round, inputs); err == nil {
 				jobs = append(jobs, job)
 			}
 		}

@@ -474,3 +474,21 @@ func elementStatuses(st *StepState) map[Status]int {
 	}
 	return out
 }
+
+// BenchmarkFanOutOverAListedResult starts a fan-out over 10,000 files a
+// listing step returned, and every one of its jobs: the scope (which holds
+// the listing's result) is prepared once per transition, not per element.
+func BenchmarkFanOutOverAListedResult(b *testing.B) {
+	def, err := protocol.ParseWorkflowDefinition([]byte(strings.Replace(nightly, `"parallelism":10,`, "", 1)))
+	require.NoError(b, err)
+	list := files(10_000)
+	for b.Loop() {
+		run, acts, err := Start(*def, "r1", nil)
+		require.NoError(b, err)
+		require.Len(b, acts.Publish, 1)
+		acts, err = run.JobEnded(acts.Publish[0].ID, Outcome{Status: StatusSucceeded, Result: list})
+		require.NoError(b, err)
+		require.Len(b, acts.Publish, 10_000)
+		require.Len(b, run.RunningJobs(), 10_000)
+	}
+}
