@@ -136,6 +136,10 @@ func TestWorkflowPages(t *testing.T) {
 		// The steps, with their jobs linked.
 		assert.Contains(t, body, `<tr id="step-page" data-step="page" data-status="succeeded">`)
 		assert.Contains(t, body, `href="/jobs/wf:day-2026-11-26:list"`)
+		// How long each ended step took: a duration, not the placeholder.
+		took := regexp.MustCompile(`(?s)<tr id="step-list" .*?</td>\s*<td class="num">([^<]*)</td>`).FindStringSubmatch(body)
+		require.Len(t, took, 2, body)
+		assert.Regexp(t, `^[0-9]`, took[1], "the list step's duration")
 		// The failed elements.
 		rows := regexp.MustCompile(`<tr data-step="charge" data-index="(\d)">`).FindAllStringSubmatch(body, -1)
 		require.Len(t, rows, 2, body)

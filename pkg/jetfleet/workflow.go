@@ -163,6 +163,10 @@ type WorkflowStepView struct {
 	Round  int             `json:"round,omitempty"`
 	// Elements counts a fan-out's elements by status.
 	Elements map[string]int `json:"elements,omitempty"`
+	// StartedAt and EndedAt are when the step last started and ended
+	// (for a fan-out: its first element's start, its last element's end).
+	StartedAt *time.Time `json:"started_at,omitempty"`
+	EndedAt   *time.Time `json:"ended_at,omitempty"`
 }
 
 // WorkflowFailures lists what failed in a run.

@@ -23,6 +23,15 @@ const (
 	WorkflowStepCancelled = "step_cancelled"
 )
 
+// IsWorkflowStepEnd reports whether typ ends a step.
+func IsWorkflowStepEnd(typ string) bool {
+	switch typ {
+	case WorkflowStepSucceeded, WorkflowStepFailed, WorkflowStepSkipped, WorkflowStepCancelled:
+		return true
+	}
+	return false
+}
+
 // WorkflowEventSubject is where a workflow event of type typ is published.
 func WorkflowEventSubject(workflow, typ, runID string) string {
 	return "events.workflow." + workflow + "." + typ + "." + runID

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
 
+	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/supervisor/workflow"
 )
 
@@ -26,6 +27,7 @@ type metrics struct {
 	workflowRuns     metric.Int64Counter
 	workflowJobs     metric.Int64Counter
 	workflowFailures metric.Int64Counter
+	workflowStepTime metric.Float64Histogram
 
 	dlqDepth   atomic.Int64
 	agentsLive atomic.Int64
@@ -76,6 +78,11 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 		metric.WithDescription("Jobs published for workflow steps, by workflow and step")); err != nil {
 		return nil, err
 	}
+	if m.workflowStepTime, err = meter.Float64Histogram("jetfleet.supervisor.workflow_step_duration",
+		metric.WithDescription("Time from a workflow step's start to its end (all of a fan-out's elements), by workflow, step and status"),
+		metric.WithUnit("s")); err != nil {
+		return nil, err
+	}
 	if m.workflowFailures, err = meter.Int64Counter("jetfleet.supervisor.workflow_failures",
 		metric.WithDescription("Failed steps and fan-out elements of ended workflow runs, by workflow and step")); err != nil {
 		return nil, err
@@ -117,10 +124,19 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 	return m, nil
 }
 
-// workflowTransition counts a stored transition of a run.
-func (m *metrics) workflowTransition(ctx context.Context, run *workflow.Run, acts workflow.Actions) {
+// workflowTransition counts a stored transition of a run, whose workflow
+// events were evs.
+func (m *metrics) workflowTransition(ctx context.Context, run *workflow.Run, acts workflow.Actions, evs []protocol.WorkflowEvent) {
 	if run.Round == 0 && run.StartedAt.Equal(run.UpdatedAt) {
 		m.workflowRuns.Add(ctx, 1, attrs("workflow", run.Workflow, "event", "started"))
+	}
+	for _, ev := range evs {
+		st := run.Steps[ev.Step]
+		if st == nil || st.StartedAt == nil || st.EndedAt == nil || !protocol.IsWorkflowStepEnd(ev.Type) {
+			continue
+		}
+		m.workflowStepTime.Record(ctx, st.EndedAt.Sub(*st.StartedAt).Seconds(),
+			attrs("workflow", run.Workflow, "step", ev.Step, "status", string(st.Status)))
 	}
 	for _, j := range acts.Publish {
 		m.workflowJobs.Add(ctx, 1, attrs("workflow", run.Workflow, "step", j.Step))
@@ -148,7 +164,7 @@ func (m *metrics) setBreaker(queue string, open bool) {
 	m.breakers[queue] = v
 }
 
-func attrs(kv ...string) metric.AddOption {
+func attrs(kv ...string) metric.MeasurementOption {
 	a := make([]attribute.KeyValue, 0, len(kv)/2)
 	for i := 0; i+1 < len(kv); i += 2 {
 		a = append(a, attribute.String(kv[i], kv[i+1]))

@@ -315,7 +315,7 @@ func runDetail(r *workflow.Run) *jetfleet.WorkflowRunDetail {
 		st := r.Steps[s.Name]
 		v := jetfleet.WorkflowStepView{Name: s.Name, Kind: s.Kind, Queue: s.QueueOrDefault(), DependsOn: s.DependsOn,
 			When: s.When, Status: string(st.Status), JobID: protocol.WorkflowStepJobID(r.ID, s.Name, -1, st.Round),
-			Result: st.Result, Error: st.Error, Round: st.Round}
+			Result: st.Result, Error: st.Error, Round: st.Round, StartedAt: st.StartedAt, EndedAt: st.EndedAt}
 		if s.IsFanOut() {
 			v.Elements = map[string]int{}
 			for _, el := range st.Elements {

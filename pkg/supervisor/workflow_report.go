@@ -218,6 +218,21 @@ func runEvents(before runSnapshot, run *workflow.Run, now time.Time) []protocol.
 	return evs
 }
 
+// stampSteps records in run when each of its steps started and ended in the
+// change from before, as its workflow events will say.
+func stampSteps(before runSnapshot, run *workflow.Run, now time.Time) {
+	for _, ev := range runEvents(before, run, now) {
+		st := run.Steps[ev.Step]
+		switch {
+		case st == nil:
+		case ev.Type == protocol.WorkflowStepStarted:
+			st.StartedAt, st.EndedAt = &now, nil
+		case protocol.IsWorkflowStepEnd(ev.Type):
+			st.EndedAt = &now
+		}
+	}
+}
+
 // publishEvents stores workflow events and waits for the server; an event
 // published again (a transition done again) is deduplicated by its id.
 func (w *workflows) publishEvents(ctx context.Context, evs []protocol.WorkflowEvent) error {

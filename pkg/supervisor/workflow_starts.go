@@ -178,6 +178,7 @@ func (w *workflows) start(ctx context.Context, req jetfleet.WorkflowRunRequest, 
 	if acts.Ended {
 		run.EndedAt = &now
 	}
+	stampSteps(snapshot(nil), run, now)
 	data, acts, err := w.fit(run, acts)
 	if err != nil {
 		return nil, internal(err)
@@ -189,7 +190,8 @@ func (w *workflows) start(ctx context.Context, req jetfleet.WorkflowRunRequest, 
 	if _, err := w.runs.Put(rctx, startIntentKey(req.RunID), data); err != nil {
 		return nil, internal(fmt.Errorf("store the start of run %s: %w", req.RunID, err))
 	}
-	if err := w.act(ctx, run, acts, runEvents(snapshot(nil), run, now)); err != nil {
+	evs := runEvents(snapshot(nil), run, now)
+	if err := w.act(ctx, run, acts, evs); err != nil {
 		return nil, internal(err)
 	}
 	// Its own bound: publishing a large fan-out's first jobs may have used
@@ -205,7 +207,7 @@ func (w *workflows) start(ctx context.Context, req jetfleet.WorkflowRunRequest, 
 		return &jetfleet.WorkflowRunResponse{RunID: req.RunID, Duplicate: true, Status: string(run.Status)}, nil
 	}
 	w.remember(run, rev)
-	w.s.metrics.workflowTransition(ctx, run, acts)
+	w.s.metrics.workflowTransition(ctx, run, acts, evs)
 	w.s.log.Info("workflow run started", "run", run.ID, "workflow", run.Workflow, "jobs", len(acts.Publish))
 	return &jetfleet.WorkflowRunResponse{RunID: req.RunID, Status: string(run.Status)}, nil
 }

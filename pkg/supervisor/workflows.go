@@ -183,18 +183,20 @@ func (w *workflows) transition(ctx context.Context, runID string, change func(*w
 		if acts.Ended {
 			run.EndedAt = &now
 		}
+		stampSteps(before, run, now)
 		data, acts, err := w.fit(run, acts)
 		if err != nil {
 			return nil, err
 		}
-		if err := w.act(ctx, run, acts, runEvents(before, run, now)); err != nil {
+		evs := runEvents(before, run, now)
+		if err := w.act(ctx, run, acts, evs); err != nil {
 			return nil, err
 		}
 		rctx, cancel := w.s.requestCtx(ctx)
 		newRev, err := w.runs.Update(rctx, runID, data, rev)
 		cancel()
 		if err == nil {
-			w.s.metrics.workflowTransition(ctx, run, acts)
+			w.s.metrics.workflowTransition(ctx, run, acts, evs)
 			w.remember(run, newRev)
 			return detailIf(view, run), nil
 		}

@@ -210,7 +210,7 @@ func TestWorkflowDAGPassesResults(t *testing.T) {
 	t.Parallel()
 	f := setup(t, topology.Config{})
 	ctx := fleettest.Ctx(t, time.Minute)
-	_, _ = f.leader(t, fast(supervisor.Config{}), nil)
+	sup, _ := f.leader(t, fast(supervisor.Config{}), nil)
 	payloads := make(chan json.RawMessage, 4)
 	f.startAgent(t, "", agent.Config{MaxResult: 1024}, func(a *agent.Agent) {
 		must(t, a.Register("a", func(ctx context.Context, _ *agent.Job) error {
@@ -261,6 +261,15 @@ func TestWorkflowDAGPassesResults(t *testing.T) {
 	default:
 		t.Fatal("d did not run")
 	}
+	for _, st := range run.Steps {
+		require.NotNil(t, st.StartedAt, "step %s", st.Name)
+		require.NotNil(t, st.EndedAt, "step %s", st.Name)
+		assert.False(t, st.EndedAt.Before(*st.StartedAt), "step %s", st.Name)
+	}
+	// Recorded just after the run is stored, which the client may see first.
+	waitFor(t, 5*time.Second, "one duration per step", func() bool {
+		return histogramCount(t, sup, "jetfleet_supervisor_workflow_step_duration_seconds") == 4
+	})
 
 	_, err = f.client.AddWorkflow(ctx, &protocol.WorkflowDefinition{Name: "too-big", Steps: []protocol.WorkflowStep{
 		{Name: "big", Kind: "huge"}, {Name: "after", Kind: "d", DependsOn: []string{"big"}}}})
@@ -321,4 +330,24 @@ func TestWorkflowStartLeftUnderWayIsFinished(t *testing.T) {
 	listed, err := f.client.WorkflowRuns(ctx, jetfleet.WorkflowRunsRequest{})
 	require.NoError(t, err)
 	require.Len(t, listed, 1, "an intent is no run of its own")
+}
+
+// histogramCount is how many values the supervisor's histogram name holds,
+// over all its series.
+func histogramCount(t *testing.T, s *supervisor.Supervisor, name string) uint64 {
+	t.Helper()
+	families, err := s.Registry().Gather()
+	require.NoError(t, err)
+	var n uint64
+	for _, mf := range families {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			n += m.GetHistogram().GetSampleCount()
+		}
+		return n
+	}
+	t.Fatalf("no histogram %s", name)
+	return 0
 }

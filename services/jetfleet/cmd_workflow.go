@@ -354,10 +354,10 @@ func printWorkflowRun(out io.Writer, run *jetfleet.WorkflowRunDetail) error {
 	if len(run.Steps) > 0 {
 		fmt.Fprintln(out)
 		tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "STEP\tKIND\tQUEUE\tSTATUS\tELEMENTS\tERROR")
+		fmt.Fprintln(tw, "STEP\tKIND\tQUEUE\tSTATUS\tTOOK\tELEMENTS\tERROR")
 		for _, s := range run.Steps {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Kind, dash(s.Queue), s.Status, elementCounts(s.Elements),
-				dash(truncate(firstLine(s.Error), 60)))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Kind, dash(s.Queue), s.Status, stepTook(s),
+				elementCounts(s.Elements), dash(truncate(firstLine(s.Error), 60)))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -374,6 +374,14 @@ func printWorkflowRun(out io.Writer, run *jetfleet.WorkflowRunDetail) error {
 		return tw.Flush()
 	}
 	return nil
+}
+
+// stepTook is how long an ended step took, "-" for one that has not ended.
+func stepTook(s jetfleet.WorkflowStepView) string {
+	if s.StartedAt == nil || s.EndedAt == nil {
+		return "-"
+	}
+	return s.EndedAt.Sub(*s.StartedAt).Round(time.Millisecond).String()
 }
 
 // elementStatusOrder is the order a fan-out's counts are printed in.

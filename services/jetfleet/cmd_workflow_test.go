@@ -88,6 +88,7 @@ func TestWorkflowRunTable(t *testing.T) {
 	t.Parallel()
 	started := time.Date(2026, 11, 26, 6, 0, 0, 0, time.UTC)
 	ended := started.Add(time.Minute)
+	listEnded := started.Add(1500 * time.Millisecond)
 	summary := jetfleet.WorkflowRunSummary{RunID: "run-1", Workflow: "nightly-export", Status: "failed", Round: 1,
 		StartedAt: started, EndedAt: &ended, FailedElements: 2}
 	for _, tc := range []struct {
@@ -97,7 +98,8 @@ func TestWorkflowRunTable(t *testing.T) {
 	}{
 		{name: "failed elements", run: jetfleet.WorkflowRunDetail{WorkflowRunSummary: summary,
 			Steps: []jetfleet.WorkflowStepView{
-				{Name: "list", Kind: "list-files", Queue: "default", Status: "succeeded", JobID: "wf:run-1:list"},
+				{Name: "list", Kind: "list-files", Queue: "default", Status: "succeeded", JobID: "wf:run-1:list",
+					StartedAt: &started, EndedAt: &listEnded},
 				{Name: "export", Kind: "export-file", Queue: "exports", Status: "succeeded", JobID: "wf:run-1:export",
 					Elements: map[string]int{"succeeded": 97, "failed": 2}},
 				{Name: "page", Kind: "alert", Queue: "default", Status: "skipped"},
@@ -116,11 +118,11 @@ func TestWorkflowRunTable(t *testing.T) {
 				"STARTED   2026-11-26T06:00:00Z\n" +
 				"ENDED     2026-11-26T06:01:00Z\n" +
 				"\n" +
-				"STEP    KIND         QUEUE    STATUS     ELEMENTS                ERROR\n" +
-				"list    list-files   default  succeeded  -                       -\n" +
-				"export  export-file  exports  succeeded  97 succeeded, 2 failed  -\n" +
-				"page    alert        default  skipped    -                       -\n" +
-				"report  report       default  failed     -                       template {{steps.x}}: no such step\n" +
+				"STEP    KIND         QUEUE    STATUS     TOOK  ELEMENTS                ERROR\n" +
+				"list    list-files   default  succeeded  1.5s  -                       -\n" +
+				"export  export-file  exports  succeeded  -     97 succeeded, 2 failed  -\n" +
+				"page    alert        default  skipped    -     -                       -\n" +
+				"report  report       default  failed     -     -                       template {{steps.x}}: no such step\n" +
 				"\n" +
 				"FAILED ELEMENTS\n" +
 				"STEP    INDEX  ITEM                                                          JOB                   ERROR\n" +
@@ -284,8 +286,8 @@ steps:
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "started run greet-1 of workflow cli-greet\n")
 	assert.Regexp(t, `STATUS\s+succeeded\n`, out)
-	assert.Regexp(t, `hello\s+echo\s+default\s+succeeded\s+-\s+-\n`, out)
-	assert.Regexp(t, `each\s+echo\s+default\s+succeeded\s+3 succeeded\s+-\n`, out)
+	assert.Regexp(t, `hello\s+echo\s+default\s+succeeded\s+[0-9.]+[mµ]?s\s+-\s+-\n`, out)
+	assert.Regexp(t, `each\s+echo\s+default\s+succeeded\s+[0-9.]+[mµ]?s\s+3 succeeded\s+-\n`, out)
 	assert.NotContains(t, out, "FAILED ELEMENTS")
 	out, err = cli("workflow", "run", "cli-greet", "-id", "greet-1", "-input", `{"who": "cli", "items": []}`)
 	require.NoError(t, err)
@@ -299,7 +301,7 @@ steps:
 	assert.Equal(t, 1, exitCode(err))
 	assert.ErrorContains(t, err, "run naps-1 of workflow cli-naps failed: 1 element failed")
 	assert.Regexp(t, `STATUS\s+failed \(1 element failed\)`, out)
-	assert.Regexp(t, `nap\s+sleep\s+default\s+\S+\s+2 succeeded, 1 failed`, out)
+	assert.Regexp(t, `nap\s+sleep\s+default\s+\S+\s+[0-9.]+[mµ]?s\s+2 succeeded, 1 failed`, out)
 	assert.Regexp(t, `report\s+echo\s+default\s+succeeded`, out, "an always step runs after a failed element")
 	assert.Contains(t, out, "FAILED ELEMENTS")
 	assert.Regexp(t, `nap\s+1\s+"soon"\s+wf:naps-1:nap:1\s+malformed_payload: malformed payload: duration "soon"`, out)

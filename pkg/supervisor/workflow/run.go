@@ -85,6 +85,10 @@ type StepState struct {
 	// Items and Elements are a fan-out's list and each element's state.
 	Items    []json.RawMessage `json:"items,omitempty"`
 	Elements []ElementState    `json:"elements,omitempty"`
+	// StartedAt and EndedAt are when the step last started and ended, set
+	// by the supervisor as it stores the transition (the step's duration).
+	StartedAt *time.Time `json:"started_at,omitempty"`
+	EndedAt   *time.Time `json:"ended_at,omitempty"`
 }
 
 // ElementState is one element of a fan-out.
