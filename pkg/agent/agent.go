@@ -676,15 +676,17 @@ func hostname() string {
 	return h
 }
 
-// batchEvents has the recorder publish events in fast batches when the
-// events stream takes them (topology sets allow_batched; a server older
-// than 2.14 does not know it), one by one otherwise.
+// batchEvents has the recorder publish events in atomic batches when the
+// events stream takes them (topology sets allow_atomic), else in fast
+// batches (allow_batched; a server older than 2.14 knows neither), one by
+// one otherwise.
 func (a *Agent) batchEvents() error {
-	if !a.events.CachedInfo().Config.AllowBatchPublish {
-		a.logger.Info("the events stream takes no fast batches (allow_batched); events are published one by one")
+	cfg := a.events.CachedInfo().Config
+	if !cfg.AllowAtomicPublish && !cfg.AllowBatchPublish {
+		a.logger.Info("the events stream takes no batches (allow_atomic, allow_batched); events are published one by one")
 		return nil
 	}
-	batches, err := newEventBatches(a.nc, protocol.EventBatchCommitSubject(a.cfg.ID), a.logger)
+	batches, err := newEventBatches(a.nc, protocol.EventBatchCommitSubject(a.cfg.ID), cfg.AllowAtomicPublish, a.logger)
 	if err != nil {
 		return err
 	}

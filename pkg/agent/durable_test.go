@@ -27,12 +27,21 @@ import (
 // publish. The agent backs off instead of storming the server with resends,
 // is stopped in the middle within its grace, and a second agent drains the
 // rest. Counted at the end: no job left JOBS without its outcome stored, no
-// event stored twice, no event reported lost, every job run.
+// event stored twice, no event reported lost, every job run — with events
+// in fast batches and in atomic ones (topology.event_batches).
 func TestSlowServerNoAckWithoutOutcomeNoStorm(t *testing.T) {
 	t.Parallel()
+	for _, batches := range []string{topology.EventBatchesFast, topology.EventBatchesAtomic} {
+		t.Run(batches, func(t *testing.T) {
+			t.Parallel()
+			testSlowServerNoAckWithoutOutcomeNoStorm(t, topology.Config{EventBatches: batches})
+		})
+	}
+}
+
+func testSlowServerNoAckWithoutOutcomeNoStorm(t *testing.T, topo topology.Config) {
 	srv := natstest.ServerWith(t, embedded.Options{SyncAlways: true})
 	_, js := natstest.JetStream(t, srv)
-	topo := topology.Config{}
 	logs := fleettest.NewLogs()
 	start := func(id string) *agent.Agent {
 		env := fleettest.NewEnv(t, srv, topo)

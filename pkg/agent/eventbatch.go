@@ -32,10 +32,20 @@ import (
 // batch that is not confirmed — past C, refused, or without an answer
 // within asyncTimeout — is sent again on its own, as the recorder sends an
 // event that was not stored (superseded events are not).
+//
+// When the stream also takes atomic batches (allow_atomic, server 2.12+),
+// a batch is an atomic one instead: its events carry Nats-Batch-Id and
+// Nats-Batch-Sequence, only the end-of-batch marker is answered, and the
+// server stores all of the batch or none of it. With every write synced,
+// one server then syncs once per batch instead of once per event
+// (BenchmarkSyncedBatches). An event sent again whose Nats-Msg-Id was stored
+// fails its whole atomic batch: its events are then sent one by one, where
+// the duplicate is dropped alone.
 type eventBatches struct {
-	nc            *nats.Conn
-	logger        *slog.Logger
-	inbox         string // answers arrive on <inbox>.<batch id>.<flow>.fail.<seq>.<op>.$FI
+	nc     *nats.Conn
+	logger *slog.Logger
+	atomic bool // atomic batches instead of fast ones
+	inbox         string // answers arrive on <inbox>.<batch id>.<flow>.fail.<seq>.<op>.$FI (atomic: <inbox>.<batch id>)
 	commitSubject string
 	window        time.Duration
 	sub           *nats.Subscription
@@ -70,6 +80,18 @@ const (
 	// batchPause is how long events go out one by one after a refusal.
 	batchPause = 5 * time.Second
 
+	// atomicBatchMaxEvents stays below the server's default limit of an
+	// atomic batch (1,000 messages, max_batch_size).
+	atomicBatchMaxEvents = 500
+
+	// The headers of an atomic batch's messages.
+	headerBatchID     = "Nats-Batch-Id"
+	headerBatchSeq    = "Nats-Batch-Sequence"
+	headerBatchCommit = "Nats-Batch-Commit"
+	// errCodeAtomicDuplicate: an atomic batch held a message whose
+	// Nats-Msg-Id was stored before (an event sent again), so none of it was.
+	errCodeAtomicDuplicate = 10201
+
 	// The operations of a fast-batch message (the server's FastBatchOp*).
 	batchOpStart     = "0"
 	batchOpAppend    = "1"
@@ -84,8 +106,8 @@ var (
 	errBatchUnanswered = fmt.Errorf("%w: no answer from the server in time", errBatchNotStored)
 )
 
-func newEventBatches(nc *nats.Conn, commitSubject string, logger *slog.Logger) (*eventBatches, error) {
-	b := &eventBatches{nc: nc, logger: logger, inbox: nc.NewInbox(), commitSubject: commitSubject,
+func newEventBatches(nc *nats.Conn, commitSubject string, atomic bool, logger *slog.Logger) (*eventBatches, error) {
+	b := &eventBatches{nc: nc, logger: logger, atomic: atomic, inbox: nc.NewInbox(), commitSubject: commitSubject,
 		window: batchWindow, open: map[string]*eventBatch{}}
 	sub, err := nc.Subscribe(b.inbox+".>", b.receive)
 	if err != nil {
@@ -110,20 +132,30 @@ func (b *eventBatches) send(e *pendingEvent) bool {
 	if batch == nil {
 		id := nuid.Next()
 		batch = &eventBatch{id: id, reply: b.inbox + "." + id + "." + strconv.Itoa(batchFlow) + ".fail."}
+		if b.atomic {
+			batch.reply = b.inbox + "." + id // only the commit is answered
+		}
 		b.current = batch
 		b.open[id] = batch
 		time.AfterFunc(b.window, func() { b.commit(batch) })
 	}
 	seq := len(batch.events) + 1
-	op := batchOpAppend
-	if seq == 1 {
-		op = batchOpStart
-	}
 	// Sequence and publish under one lock: the server takes a batch's
 	// messages in order, a gap ends it.
-	e.msg.Reply = batch.reply + strconv.Itoa(seq) + "." + op + batchReplySuffix
-	if err := b.nc.PublishMsg(e.msg); err != nil {
-		e.msg.Reply = ""
+	var err error
+	if b.atomic {
+		err = b.nc.PublishMsg(atomicBatchMsg(e.msg, batch.id, seq))
+	} else {
+		op := batchOpAppend
+		if seq == 1 {
+			op = batchOpStart
+		}
+		e.msg.Reply = batch.reply + strconv.Itoa(seq) + "." + op + batchReplySuffix
+		if err = b.nc.PublishMsg(e.msg); err != nil {
+			e.msg.Reply = ""
+		}
+	}
+	if err != nil {
 		if seq == 1 {
 			b.current = nil
 			delete(b.open, batch.id)
@@ -131,10 +163,31 @@ func (b *eventBatches) send(e *pendingEvent) bool {
 		return false
 	}
 	batch.events = append(batch.events, e)
-	if len(batch.events) >= batchMaxEvents {
+	if len(batch.events) >= b.maxEvents() {
 		b.commitLocked(batch)
 	}
 	return true
+}
+
+// maxEvents is the most events one batch takes.
+func (b *eventBatches) maxEvents() int {
+	if b.atomic {
+		return atomicBatchMaxEvents
+	}
+	return batchMaxEvents
+}
+
+// atomicBatchMsg is the message of the seq-th event of atomic batch id: the
+// event's own message (left as it is, to be sent alone if the batch fails)
+// with the batch's headers.
+func atomicBatchMsg(event *nats.Msg, id string, seq int) *nats.Msg {
+	h := make(nats.Header, len(event.Header)+2)
+	for k, v := range event.Header {
+		h[k] = v
+	}
+	h[headerBatchID] = []string{id}
+	h[headerBatchSeq] = []string{strconv.Itoa(seq)}
+	return &nats.Msg{Subject: event.Subject, Data: event.Data, Header: h}
 }
 
 // commit ends batch if it still takes events.
@@ -168,6 +221,11 @@ func (b *eventBatches) commitLocked(batch *eventBatch) {
 	}
 	msg := &nats.Msg{Subject: b.commitSubject,
 		Reply: batch.reply + strconv.Itoa(len(batch.events)+1) + "." + batchOpCommitEOB + batchReplySuffix}
+	if b.atomic {
+		// An end-of-batch marker: commits the events before it, is not stored.
+		msg = &nats.Msg{Subject: b.commitSubject, Reply: batch.reply, Header: nats.Header{
+			headerBatchID: {batch.id}, headerBatchSeq: {strconv.Itoa(len(batch.events) + 1)}, headerBatchCommit: {"eob"}}}
+	}
 	if err := b.nc.PublishMsg(msg); err != nil {
 		// No answer will come: the expiry sends the events on their own.
 		b.logger.Warn("event batch commit not sent", telemetry.LogError, err)
@@ -212,9 +270,12 @@ func (b *eventBatches) receive(m *nats.Msg) {
 	}
 	var stored, lost []*pendingEvent
 	var report bool
+	duplicate := answer.Error != nil && answer.Error.ErrCode == errCodeAtomicDuplicate
 	switch {
 	case refusal != nil:
-		b.pausedUntil = time.Now().Add(batchPause)
+		if !duplicate { // a duplicate is one event's, not the batches'
+			b.pausedUntil = time.Now().Add(batchPause)
+		}
 		lost = b.endLocked(batch, batch.confirmed)
 	case answer.Type == "ack":
 		stored = batch.confirmLocked(int(min(answer.Seq, uint64(len(batch.events)))))
@@ -231,6 +292,8 @@ func (b *eventBatches) receive(m *nats.Msg) {
 	switch {
 	case report:
 		b.logger.Warn("event batch reports a problem", "batch", id, "answer", string(m.Data))
+	case duplicate:
+		b.logger.Debug("event batch held an event stored before; its events are sent one by one", "batch", id, "events", len(lost))
 	case refusal != nil:
 		b.logger.Warn("event batch refused; its events are sent one by one, and so are all events for a while",
 			"batch", id, "events", len(lost), "pause", batchPause, telemetry.LogError, refusal)

@@ -19,15 +19,29 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/topology"
 )
 
-// TestEventsGoOutInFastBatches: on an events stream that takes fast
+// batchModes runs test with fast batches and with atomic ones.
+func batchModes(t *testing.T, test func(t *testing.T, atomic bool)) {
+	for _, atomic := range []bool{false, true} {
+		t.Run(map[bool]string{false: "fast", true: "atomic"}[atomic], func(t *testing.T) {
+			t.Parallel()
+			test(t, atomic)
+		})
+	}
+}
+
+// TestEventsGoOutInBatches: on an events stream that takes fast or atomic
 // batches, every event is stored and the server answers a few times per
 // batch, not once per event.
-func TestEventsGoOutInFastBatches(t *testing.T) {
+func TestEventsGoOutInBatches(t *testing.T) {
 	t.Parallel()
+	batchModes(t, testEventsGoOutInBatches)
+}
+
+func testEventsGoOutInBatches(t *testing.T, atomic bool) {
 	srv := natstest.Server(t)
 	nc, js := natstest.JetStream(t, srv)
-	require.NoError(t, topology.Ensure(fleettest.Ctx(t, 10*time.Second), js, topology.Config{}))
-	r, _ := startBatchingRecorder(t, nc, js)
+	require.NoError(t, topology.Ensure(fleettest.Ctx(t, 10*time.Second), js, eventsTopology(atomic, 1)))
+	r, _ := startBatchingRecorder(t, nc, js, atomic)
 
 	const n = 2000
 	answersBefore := nc.Stats().InMsgs
@@ -42,14 +56,19 @@ func TestEventsGoOutInFastBatches(t *testing.T) {
 }
 
 // TestBatchEventsAfterAGapAreSentAgain: a batch whose second message never
-// reached the server ("gap: fail") is ended by the server after its first
-// event; the events it did not store are sent again one by one.
+// reached the server is ended by the server — a fast batch ("gap: fail")
+// after its first event, an atomic one with nothing stored; the events it
+// did not store are sent again one by one.
 func TestBatchEventsAfterAGapAreSentAgain(t *testing.T) {
 	t.Parallel()
+	batchModes(t, testBatchEventsAfterAGapAreSentAgain)
+}
+
+func testBatchEventsAfterAGapAreSentAgain(t *testing.T, atomic bool) {
 	srv := natstest.Server(t)
 	nc, js := natstest.JetStream(t, srv)
-	require.NoError(t, topology.Ensure(fleettest.Ctx(t, 10*time.Second), js, topology.Config{}))
-	r, b := startBatchingRecorder(t, nc, js)
+	require.NoError(t, topology.Ensure(fleettest.Ctx(t, 10*time.Second), js, eventsTopology(atomic, 1)))
+	r, b := startBatchingRecorder(t, nc, js, atomic)
 	b.window = time.Hour // one batch for the whole test, committed by flush
 
 	r.event(succeededEvent("j-1"))
@@ -67,22 +86,26 @@ func TestBatchEventsAfterAGapAreSentAgain(t *testing.T) {
 	assert.Equal(t, uint64(3), info.State.Msgs, "the stored event was not sent twice")
 }
 
-// TestRefusedBatchesFallBackToEventsOneByOne: a stream that takes no fast
-// batches refuses the first; its events are sent one by one, and so are
-// the next ones for a while.
+// TestRefusedBatchesFallBackToEventsOneByOne: a stream that takes no
+// batches of the kind sent refuses the first; its events are sent one by
+// one, and so are the next ones for a while.
 func TestRefusedBatchesFallBackToEventsOneByOne(t *testing.T) {
 	t.Parallel()
+	batchModes(t, testRefusedBatchesFallBackToEventsOneByOne)
+}
+
+func testRefusedBatchesFallBackToEventsOneByOne(t *testing.T, atomic bool) {
 	srv := natstest.Server(t)
 	nc, js := natstest.JetStream(t, srv)
 	ctx := fleettest.Ctx(t, 20*time.Second)
-	require.NoError(t, topology.Ensure(ctx, js, topology.Config{}))
+	require.NoError(t, topology.Ensure(ctx, js, eventsTopology(atomic, 1)))
 	s, err := js.Stream(ctx, protocol.StreamEvents)
 	require.NoError(t, err)
 	cfg := s.CachedInfo().Config
-	cfg.AllowBatchPublish = false
+	cfg.AllowBatchPublish, cfg.AllowAtomicPublish = false, false
 	_, err = js.UpdateStream(ctx, cfg)
 	require.NoError(t, err)
-	r, b := startBatchingRecorder(t, nc, js)
+	r, b := startBatchingRecorder(t, nc, js, atomic)
 
 	for i := range 20 {
 		r.event(succeededEvent(fmt.Sprintf("j-%d", i)))
@@ -100,13 +123,17 @@ func TestRefusedBatchesFallBackToEventsOneByOne(t *testing.T) {
 // every event is stored in the end (some perhaps twice), none lost.
 func TestBatchedEventsSurviveAnEventsLeaderChange(t *testing.T) {
 	t.Parallel()
+	batchModes(t, testBatchedEventsSurviveAnEventsLeaderChange)
+}
+
+func testBatchedEventsSurviveAnEventsLeaderChange(t *testing.T, atomic bool) {
 	cluster := natstest.StartCluster(t, 3)
 	nc := natstest.ConnectURL(t, cluster.URLs())
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	ctx := fleettest.Ctx(t, 60*time.Second)
-	require.NoError(t, topology.Ensure(ctx, js, topology.Config{Replicas: 3}))
-	r, _ := startBatchingRecorder(t, nc, js)
+	require.NoError(t, topology.Ensure(ctx, js, eventsTopology(atomic, 3)))
+	r, _ := startBatchingRecorder(t, nc, js, atomic)
 
 	const n = 3000
 	for i := range n {
@@ -124,12 +151,12 @@ func TestBatchedEventsSurviveAnEventsLeaderChange(t *testing.T) {
 	}, 30*time.Second, 50*time.Millisecond, "every job's event is stored")
 }
 
-// startBatchingRecorder starts a recorder that publishes in fast batches,
-// as an agent does on a stream that takes them.
-func startBatchingRecorder(t *testing.T, nc *nats.Conn, js jetstream.JetStream) (*recorder, *eventBatches) {
+// startBatchingRecorder starts a recorder that publishes in batches —
+// atomic or fast ones — as an agent does on a stream that takes them.
+func startBatchingRecorder(t *testing.T, nc *nats.Conn, js jetstream.JetStream, atomic bool) (*recorder, *eventBatches) {
 	t.Helper()
 	r := startRecorder(t, nc, js)
-	b, err := newEventBatches(nc, protocol.EventBatchCommitSubject("test-agent"), fleettest.Logger(t))
+	b, err := newEventBatches(nc, protocol.EventBatchCommitSubject("test-agent"), atomic, fleettest.Logger(t))
 	require.NoError(t, err)
 	r.batches = b
 	ctx, cancel := context.WithCancel(context.Background())
@@ -175,7 +202,7 @@ func TestResentEventsAreStoredOnce(t *testing.T) {
 	nc, js := natstest.JetStream(t, srv)
 	ctx := fleettest.Ctx(t, 30*time.Second)
 	require.NoError(t, topology.Ensure(ctx, js, topology.Config{}))
-	r, b := startBatchingRecorder(t, nc, js)
+	r, b := startBatchingRecorder(t, nc, js, false)
 	b.window = time.Hour // one batch, committed below
 
 	const n = 100
@@ -195,4 +222,44 @@ func TestResentEventsAreStoredOnce(t *testing.T) {
 	info := eventsStored(t, js)
 	assert.Equal(t, uint64(n), info.State.NumSubjects)
 	assert.Equal(t, uint64(n), info.State.Msgs, "a resent event was stored twice")
+}
+
+// TestAtomicBatchHoldingAnEventStoredBeforeIsSentOneByOne: an atomic batch
+// in which some events were stored before (sent again after a lost answer)
+// is refused whole; its events are sent one by one, each stored once, and
+// batching goes on (a duplicate is one event's matter, not the stream's).
+func TestAtomicBatchHoldingAnEventStoredBeforeIsSentOneByOne(t *testing.T) {
+	t.Parallel()
+	srv := natstest.Server(t)
+	nc, js := natstest.JetStream(t, srv)
+	ctx := fleettest.Ctx(t, 30*time.Second)
+	require.NoError(t, topology.Ensure(ctx, js, eventsTopology(true, 1)))
+	r, b := startBatchingRecorder(t, nc, js, true)
+	b.window = time.Hour // one batch, committed by flush
+
+	const n = 100
+	for i := range 10 { // stored before, one by one
+		require.NoError(t, r.eventNow(ctx, succeededEvent(fmt.Sprintf("j-%d", i))))
+	}
+	for i := range n {
+		r.event(succeededEvent(fmt.Sprintf("j-%d", i)))
+	}
+	require.NoError(t, r.flush(ctx))
+
+	info := eventsStored(t, js)
+	assert.Equal(t, uint64(n), info.State.NumSubjects, "every event is stored")
+	assert.Equal(t, uint64(n), info.State.Msgs, "none twice")
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	assert.False(t, time.Now().Before(b.pausedUntil), "batching is not paused for a duplicate")
+}
+
+// eventsTopology is the layout of a test whose events go in atomic batches
+// or fast ones, on replicas servers.
+func eventsTopology(atomic bool, replicas int) topology.Config {
+	c := topology.Config{Replicas: replicas}
+	if atomic {
+		c.EventBatches = topology.EventBatchesAtomic
+	}
+	return c
 }

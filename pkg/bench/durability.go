@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jetfleet/jetfleet/pkg/bench/workload"
+	"github.com/jetfleet/jetfleet/pkg/topology"
 )
 
 // durabilitySetting is a server setting the durability scenario measures
@@ -23,14 +24,19 @@ type durabilitySetting struct {
 // file store's default sync interval (2 minutes), every write synced on a
 // single server, and every write synced on a 3-node cluster with R3
 // streams, where nats-server (2.15) syncs each write to the Raft log and
-// the stream's store only on flush.
+// the stream's store only on flush. Jetfleet runs each as configured for
+// it: events in atomic batches where every write is synced
+// (topology.event_batches), fast batches by default.
 var durabilitySettings = []durabilitySetting{
 	{key: "default_sync", label: "default sync interval", opts: serverOptions{embeddedOnly: true}},
-	{key: "sync_always", label: "sync_interval always", opts: serverOptions{embeddedOnly: true, syncAlways: true},
-		target: &Target{AtLeast: true, Value: 0.9}},
-	{key: "r3_sync_always", label: "3 nodes R3, sync_interval always", opts: serverOptions{embeddedOnly: true, syncAlways: true, nodes: 3},
-		target: &Target{AtLeast: true, Value: 0.8}},
+	{key: "sync_always", label: "sync_interval always", opts: serverOptions{embeddedOnly: true, syncAlways: true,
+		topology: syncedTopology}, target: &Target{AtLeast: true, Value: 0.9}},
+	{key: "r3_sync_always", label: "3 nodes R3, sync_interval always", opts: serverOptions{embeddedOnly: true, syncAlways: true, nodes: 3,
+		topology: syncedTopology}, target: &Target{AtLeast: true, Value: 0.8}},
 }
+
+// syncedTopology is jetfleet's layout for a server that syncs every write.
+var syncedTopology = topology.Config{EventBatches: topology.EventBatchesAtomic}
 
 // syncedPerJob is the time a phase on a synced setting allows per job
 // beyond its first minute (a floor of 100 jobs/s). phaseTimeout's 2 ms

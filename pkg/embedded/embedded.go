@@ -12,6 +12,13 @@ import (
 )
 
 // Options configure an embedded server.
+// AtomicBatchesPerStream is how many atomic batches a stream may have open
+// at once (the server's jetstream.limits.batch.max_inflight_per_stream):
+// every agent keeps its events in one or two, and the server's default of 50
+// would send the events of a fleet of more than 50 agents one by one for
+// seconds at a time. config/nats/*.conf set the same.
+const AtomicBatchesPerStream = 1000
+
 type Options struct {
 	// Host to listen on. Defaults to 127.0.0.1.
 	Host string
@@ -75,6 +82,9 @@ func Start(opts Options) (*server.Server, error) {
 	sopts.SyncInterval = opts.SyncInterval
 	if opts.MaxPayload > 0 {
 		sopts.MaxPayload = opts.MaxPayload
+	}
+	if sopts.JetStreamLimits.MaxBatchInflightPerStream == 0 {
+		sopts.JetStreamLimits.MaxBatchInflightPerStream = AtomicBatchesPerStream
 	}
 	sopts.NoSigs = true
 	sopts.NoLog = true

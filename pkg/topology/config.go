@@ -36,6 +36,13 @@ type Config struct {
 	EventsMaxAge time.Duration `koanf:"events_max_age"`
 	// EventsMaxBytes bounds the EVENTS stream. Defaults to unlimited (0).
 	EventsMaxBytes config.ByteSize `koanf:"events_max_bytes"`
+	// EventBatches is how agents batch their events: "fast" (JetStream
+	// fast batches) or "atomic" (atomic batches, EVENTS allow_atomic). With
+	// sync_interval: always, one server syncs an atomic batch once and a
+	// fast batch once per event, so use atomic there; with the default
+	// interval fast batches cost less CPU (docs/performance.md, Durability).
+	// Agents read it from the stream when they start. Defaults to fast.
+	EventBatches string `koanf:"event_batches"`
 	// LeaseTTL is how long a leader lease lives without renewal. Defaults to 5s.
 	LeaseTTL time.Duration `koanf:"lease_ttl"`
 	// AgentTTL is how long an agent stays registered without a heartbeat. Defaults to 15s.
@@ -78,6 +85,8 @@ type QueueConfig struct {
 const (
 	DefaultReplicas        = 1
 	DefaultStorage         = "file"
+	EventBatchesFast       = "fast"
+	EventBatchesAtomic     = "atomic"
 	DefaultDuplicateWindow = 10 * time.Minute
 	DefaultMaxJobSize      = 512 << 10
 	DefaultDLQMaxAge       = 30 * 24 * time.Hour
@@ -95,6 +104,7 @@ const (
 func (c Config) WithDefaults() Config {
 	setDefault(&c.Replicas, DefaultReplicas)
 	setDefault(&c.Storage, DefaultStorage)
+	setDefault(&c.EventBatches, EventBatchesFast)
 	setDefault(&c.DuplicateWindow, DefaultDuplicateWindow)
 	setDefault(&c.MaxJobSize, DefaultMaxJobSize)
 	setDefault(&c.DLQMaxAge, DefaultDLQMaxAge)
@@ -163,6 +173,9 @@ func (c Config) Validate(section string) error {
 	}
 	if c.Storage != "" && c.Storage != "file" && c.Storage != "memory" {
 		errs = append(errs, config.Invalid(key("storage"), "must be file or memory, got %q", c.Storage))
+	}
+	if c.EventBatches != "" && c.EventBatches != EventBatchesFast && c.EventBatches != EventBatchesAtomic {
+		errs = append(errs, config.Invalid(key("event_batches"), "must be fast or atomic, got %q", c.EventBatches))
 	}
 	for k, d := range map[string]time.Duration{
 		"duplicate_window": c.DuplicateWindow, "dlq_max_age": c.DLQMaxAge, "events_max_age": c.EventsMaxAge,

@@ -109,8 +109,11 @@ func Streams(c Config) []jetstream.StreamConfig {
 			Replicas:    c.Replicas,
 			Duplicates:  min(2*time.Minute, c.EventsMaxAge),
 			AllowDirect: true,
-			// Agents publish their events in fast batches (server 2.14+).
-			AllowBatchPublish: true,
+			// Agents publish their events in fast batches (server
+			// 2.14+), or atomic ones (2.12+: one sync per batch when
+			// every write is synced) where event_batches says so.
+			AllowAtomicPublish: c.EventBatches == EventBatchesAtomic,
+			AllowBatchPublish:  true,
 		},
 		{
 			Name:        protocol.StreamWorkflows,
@@ -328,6 +331,7 @@ func reconcileStream(have, want jetstream.StreamConfig, allowDestructive bool) (
 	next.Duplicates = want.Duplicates
 	next.AllowDirect = want.AllowDirect
 	next.AllowBatchPublish = want.AllowBatchPublish
+	next.AllowAtomicPublish = want.AllowAtomicPublish
 	next.AllowMsgSchedules = want.AllowMsgSchedules || have.AllowMsgSchedules // cannot be turned off
 	next.AllowMsgTTL = want.AllowMsgTTL || have.AllowMsgTTL                   // cannot be turned off
 	if want.AllowRollup {

@@ -257,10 +257,11 @@ func TestReplicatedTopologyOnCluster(t *testing.T) {
 
 func TestValidate(t *testing.T) {
 	t.Parallel()
-	err := topology.Config{Replicas: 7, Storage: "tape", LeaseTTL: time.Millisecond,
+	err := topology.Config{Replicas: 7, Storage: "tape", LeaseTTL: time.Millisecond, EventBatches: "slow",
 		Queues: map[string]topology.QueueConfig{"bad.name": {}, "ok": {AckWait: time.Millisecond}}}.Validate("topology")
 	require.Error(t, err)
-	for _, want := range []string{"topology.replicas", "topology.storage", "topology.lease_ttl", "topology.queues.bad.name", "topology.queues.ok.ack_wait"} {
+	for _, want := range []string{"topology.replicas", "topology.storage", "topology.lease_ttl", "topology.queues.bad.name", "topology.queues.ok.ack_wait",
+		`topology.event_batches: must be fast or atomic, got "slow"`} {
 		assert.Contains(t, err.Error(), want)
 	}
 	assert.NoError(t, topology.Config{}.Validate("topology"))
