@@ -42,9 +42,9 @@ import (
 // fails its whole atomic batch: its events are then sent one by one, where
 // the duplicate is dropped alone.
 type eventBatches struct {
-	nc     *nats.Conn
-	logger *slog.Logger
-	atomic bool // atomic batches instead of fast ones
+	nc            *nats.Conn
+	logger        *slog.Logger
+	atomic        bool   // atomic batches instead of fast ones
 	inbox         string // answers arrive on <inbox>.<batch id>.<flow>.fail.<seq>.<op>.$FI (atomic: <inbox>.<batch id>)
 	commitSubject string
 	window        time.Duration

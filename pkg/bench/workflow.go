@@ -28,7 +28,7 @@ var (
 		unit: UnitRate}
 	figWorkflowRatio = figureSpec{name: "workflow_wall_time_ratio", label: "wall time, fan-out / plain jobs", unit: UnitRatio,
 		target: &Target{Value: 1.5}}
-	figWorkflowState = figureSpec{name: "workflow_run_state_bytes", label: "the ended run's stored state", unit: UnitBytes}
+	figWorkflowState     = figureSpec{name: "workflow_run_state_bytes", label: "the ended run's stored state", unit: UnitBytes}
 	figWorkflowHeapPlain = figureSpec{name: "workflow_plain_peak_heap", label: "fleet live heap, peak: N plain jobs",
 		unit: UnitBytes}
 	figWorkflowHeapFanOut = figureSpec{name: "workflow_fanout_peak_heap", label: "fleet live heap, peak: one run fanning out N",
