@@ -60,14 +60,33 @@ func QueueFilters(ctx context.Context, jobs jetstream.Stream) (map[string][]stri
 	if err := lister.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
 		return nil, err
 	}
+	// In a cluster a consumer whose leader is down or not yet elected is
+	// left out of that list (the server reports it as missing, which the
+	// client drops); its name still comes from the cluster's assignments.
+	// An incomplete list must not make a served queue look unserved.
+	names := jobs.ConsumerNames(ctx)
+	for name := range names.Name() {
+		if _, ok := out[name]; !ok {
+			return nil, fmt.Errorf("consumer %s of %s: %w", name, protocol.StreamJobs, ErrConsumerUnavailable)
+		}
+	}
+	if err := names.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
+		return nil, err
+	}
 	return out, nil
 }
+
+// ErrConsumerUnavailable: a consumer exists but its configuration cannot be
+// read now (in a cluster, while it has no leader).
+var ErrConsumerUnavailable = errors.New("the consumer exists but cannot be read now (no leader?)")
 
 // UnroutableSubjects returns the subjects of JOBS that hold messages no
 // consumer delivers, with how many each holds: a subject not of the form
 // jobs.<queue>.<kind> with valid tokens that no consumer's filter matches
 // (jobs.default, jobs.<a 200-character token>.x), or a queue without a
 // consumer (jobs.nosuchqueue.echo). Such jobs would wait unseen for ever.
+// While a consumer of JOBS cannot be read (ErrConsumerUnavailable) it judges
+// nothing.
 func UnroutableSubjects(ctx context.Context, jobs jetstream.Stream) (map[string]uint64, error) {
 	info, err := jobs.Info(ctx, jetstream.WithSubjectFilter(protocol.JobsSubjects))
 	if err != nil {

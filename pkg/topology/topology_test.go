@@ -339,3 +339,57 @@ func TestEnsureQueueMakesAConsumerPerPriority(t *testing.T) {
 		assert.Equal(t, 2*time.Minute, cons.CachedInfo().Config.AckWait, "%s keeps the queue's settings", name)
 	}
 }
+
+// TestQueueWhoseConsumerHasNoLeaderIsNotUnroutable: on a three-node cluster
+// the server leading a queue's consumer dies. Until another leads it, the
+// cluster cannot read the consumer (it lists it as missing, which the
+// client drops); the queue's jobs must not look unroutable meanwhile (the
+// supervisor would dead-letter them), while a queue that has no consumer
+// at all still does.
+func TestQueueWhoseConsumerHasNoLeaderIsNotUnroutable(t *testing.T) {
+	t.Parallel()
+	cluster := natstest.StartCluster(t, 3)
+	nc := natstest.ConnectURL(t, cluster.URLs())
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	c := topology.Config{Replicas: 3}
+	require.NoError(t, topology.Ensure(ctx(t), js, c))
+	cons, err := topology.EnsureQueue(ctx(t), js, c, "default")
+	require.NoError(t, err)
+	for _, subject := range []string{"jobs.default.echo", "jobs.nosuchqueue.echo"} {
+		_, err := js.Publish(ctx(t), subject, []byte(`{}`))
+		require.NoError(t, err)
+	}
+	jobs, err := js.Stream(ctx(t), protocol.StreamJobs)
+	require.NoError(t, err)
+	unroutable, err := topology.UnroutableSubjects(ctx(t), jobs)
+	require.NoError(t, err)
+	require.Equal(t, map[string]uint64{"jobs.nosuchqueue.echo": 1}, unroutable)
+
+	info, err := cons.Info(ctx(t))
+	require.NoError(t, err)
+	require.NotNil(t, info.Cluster)
+	leader := info.Cluster.Leader
+	for _, srv := range cluster.Servers {
+		if srv.Name() == leader {
+			srv.Shutdown()
+		}
+	}
+	judged := 0
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		unroutable, err := topology.UnroutableSubjects(rctx, jobs)
+		cancel()
+		if err == nil {
+			judged++
+			assert.NotContains(t, unroutable, "jobs.default.echo", "a queue whose consumer has no leader looked unserved")
+		}
+		rctx, cancel = context.WithTimeout(context.Background(), time.Second)
+		ci, err := cons.Info(rctx)
+		cancel()
+		if err == nil && ci.Cluster != nil && ci.Cluster.Leader != "" && ci.Cluster.Leader != leader && judged > 0 {
+			break // led again, and judged since
+		}
+	}
+	assert.Positive(t, judged)
+}
