@@ -295,33 +295,23 @@ func (r *rawFleet) stop() {
 // waitQueueEmpty waits until queue's consumer has nothing pending or
 // unacknowledged: the acks of a phase are all stored before the next.
 func waitQueueEmpty(ctx context.Context, js jetstream.JetStream, queue string) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	for {
-		cons, err := js.Consumer(ctx, protocol.StreamJobs, protocol.QueueConsumer(queue))
-		if err != nil {
-			return err
-		}
-		info := cons.CachedInfo()
-		if info.NumPending == 0 && info.NumAckPending == 0 {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("queue %s still holds %d pending and %d unacknowledged jobs", queue, info.NumPending, info.NumAckPending)
-		case <-time.After(5 * time.Millisecond): // polling server state; no event marks it
-		}
-	}
+	return waitConsumerDone(ctx, js, protocol.StreamJobs, protocol.QueueConsumer(queue), 30*time.Second, "queue "+queue+" still holds")
 }
 
 // waitEventsRead waits until the supervisor has read and acked every job
 // event stored so far, so a phase does not pay for the events of the one
 // before it.
 func waitEventsRead(ctx context.Context, js jetstream.JetStream) error {
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	return waitConsumerDone(ctx, js, protocol.StreamEvents, supervisor.ConsumerName, time.Minute, "the supervisor's events consumer still holds")
+}
+
+// waitConsumerDone waits up to limit until consumer of stream has nothing
+// pending or unacknowledged; past it, the error starts with what.
+func waitConsumerDone(ctx context.Context, js jetstream.JetStream, stream, consumer string, limit time.Duration, what string) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	for {
-		cons, err := js.Consumer(ctx, protocol.StreamEvents, supervisor.ConsumerName)
+		cons, err := js.Consumer(ctx, stream, consumer)
 		if err != nil {
 			return err
 		}
@@ -331,7 +321,7 @@ func waitEventsRead(ctx context.Context, js jetstream.JetStream) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("the supervisor has %d job events left to read and %d unacknowledged", info.NumPending, info.NumAckPending)
+			return fmt.Errorf("%s %d pending and %d unacknowledged messages", what, info.NumPending, info.NumAckPending)
 		case <-time.After(5 * time.Millisecond): // polling server state; no event marks it
 		}
 	}
