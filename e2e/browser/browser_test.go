@@ -238,7 +238,13 @@ func TestDashboardInABrowser(t *testing.T) {
 			until(`!!document.querySelector('#workflows tr[data-workflow="month-end-billing"]')`),
 			until(`document.querySelectorAll('#runs tr[data-status="succeeded"]').length === 2`))
 		st.shot("workflows")
-		st.do(chromedp.Click(`#runs tr[data-run="billing-2026-11"] th a`), chromedp.WaitVisible(`svg.wfgraph`))
+		// The run's link, followed by its address: the list updates live, so
+		// the row may be drawn anew between finding the link and clicking it.
+		link := eval[string](st, `document.querySelector('#runs tr[data-run="billing-2026-11"] th a').getAttribute('href')`)
+		if link != "/workflows/runs/billing-2026-11" {
+			t.Fatalf("the run's row links to %q", link)
+		}
+		st.do(chromedp.Navigate(st.url+link), chromedp.WaitVisible(`svg.wfgraph`))
 		if n := eval[float64](st, `document.querySelectorAll('svg.wfgraph a.node').length`); n != 6 {
 			t.Errorf("the graph has %v boxes, want the 6 steps", n)
 		}
