@@ -29,8 +29,11 @@ import (
 
 // rateSlack is how late a waiting agent may take a start and still keep
 // the kind's schedule of starts (next = previous + interval, not now +
-// interval): a timer's lateness does not lower the rate.
-const rateSlack = 10 * time.Millisecond
+// interval): a timer woken late on a busy machine does not lower the rate.
+// Up to one interval (at most a second): two starts may then come closer
+// than an interval, never more of them in a period than the rate allows
+// plus one; a kind idle for longer starts its schedule again from now.
+func rateSlack(interval time.Duration) time.Duration { return min(interval, time.Second) }
 
 // limitRetry is how soon a wait ends when nothing in the bucket changes
 // (a missed watch update, an unreadable bucket).
@@ -357,7 +360,7 @@ func (l *fleetLimits) takeStart(ctx context.Context, queue, kind string, interva
 		// One interval after the previous start's slot, or after now when
 		// the kind was idle: starts are never closer than interval.
 		base := st.next
-		if base.Before(now.Add(-rateSlack)) {
+		if base.Before(now.Add(-rateSlack(interval))) {
 			base = now
 		}
 		next := base.Add(interval)
