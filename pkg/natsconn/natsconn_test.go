@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,6 +39,7 @@ func TestValidate(t *testing.T) {
 	assert.ErrorContains(t, Config{User: "a", Token: "b"}.Validate("nats"), "nats.user")
 	assert.ErrorContains(t, Config{Password: "p"}.Validate("nats"), "nats.password")
 	assert.NoError(t, Config{User: "a", Password: "p"}.Validate("nats"))
+	assert.ErrorContains(t, Config{PingInterval: time.Millisecond}.Validate("nats"), "nats.ping_interval")
 }
 
 // TestNothingSentWhileDisconnectedArrivesLater: a publish made while the
@@ -77,4 +79,34 @@ func TestNothingSentWhileDisconnectedArrivesLater(t *testing.T) {
 	info, err := stream.Info(ctx, jetstream.WithSubjectFilter("stale.>"))
 	require.NoError(t, err)
 	assert.Equal(t, map[string]uint64{"stale.fresh": 1}, info.State.Subjects, "only the fresh message was stored")
+}
+
+// TestSilentServerIsLeftForAnother: a server that stops answering without
+// closing the connection (a partition: no reset, no FIN) is noticed by the
+// pings and left for another server of the list — within a few ping
+// intervals, not NATS's default of minutes.
+func TestSilentServerIsLeftForAnother(t *testing.T) {
+	t.Parallel()
+	proxies := map[string]*natstest.Proxy{}
+	var urls []string
+	for range 2 {
+		p := natstest.NewProxy(t, strings.TrimPrefix(natstest.Server(t).ClientURL(), "nats://"))
+		proxies[p.URL()] = p
+		urls = append(urls, p.URL())
+	}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	nc, err := Connect(Config{URL: strings.Join(urls, ","), PingInterval: 200 * time.Millisecond}, "test", logger)
+	require.NoError(t, err)
+	defer nc.Close()
+	frozen := nc.ConnectedUrl()
+	require.Contains(t, proxies, frozen)
+	moved := make(chan string, 1)
+	nc.SetReconnectHandler(func(c *nats.Conn) { moved <- c.ConnectedUrl() })
+	proxies[frozen].Pause() // the connection stays open; nothing crosses it any more
+	select {
+	case url := <-moved:
+		assert.NotEqual(t, frozen, url)
+	case <-time.After(30 * time.Second): // a bound for a loaded machine; it takes about 4 intervals
+		t.Fatal("the client stayed on a server that no longer answers")
+	}
 }
