@@ -33,6 +33,18 @@ func (realClock) NewTimer(d time.Duration) Timer {
 
 type realTimer struct{ t *time.Timer }
 
+// Offset is c moved by d: Now is c.Now()+d; timers run as c's. It stands
+// for a machine whose clock is wrong (the clock-skew fault scenario).
+func Offset(c Clock, d time.Duration) Clock { return offsetClock{c: c, d: d} }
+
+type offsetClock struct {
+	c Clock
+	d time.Duration
+}
+
+func (o offsetClock) Now() time.Time                 { return o.c.Now().Add(o.d) }
+func (o offsetClock) NewTimer(d time.Duration) Timer { return o.c.NewTimer(d) }
+
 func (r *realTimer) C() <-chan time.Time        { return r.t.C }
 func (r *realTimer) Stop() bool                 { return r.t.Stop() }
 func (r *realTimer) Reset(d time.Duration) bool { return r.t.Reset(d) }

@@ -51,3 +51,18 @@ func TestRealClock(t *testing.T) {
 	<-tm.C()
 	assert.WithinDuration(t, time.Now(), c.Now(), time.Second)
 }
+
+func TestOffsetMovesNowNotTimers(t *testing.T) {
+	base := clock.NewFake(time.Date(2026, 6, 1, 10, 0, 0, 0, time.UTC))
+	ahead := clock.Offset(base, 30*time.Second)
+	if got, want := ahead.Now(), base.Now().Add(30*time.Second); !got.Equal(want) {
+		t.Fatalf("Now: got %s, want %s", got, want)
+	}
+	timer := ahead.NewTimer(time.Second)
+	base.Advance(time.Second)
+	select {
+	case <-timer.C():
+	default:
+		t.Fatal("a one-second timer of the offset clock did not fire after one second of its base")
+	}
+}

@@ -38,6 +38,12 @@ type Config struct {
 	// that a lost event cannot block an overlap policy for good. The leader
 	// checks the running runs every LostRunGrace/2. Defaults to 1m.
 	LostRunGrace time.Duration `koanf:"lost_run_grace"`
+	// TestClockOffset moves this replica's scheduling clock by a fixed
+	// amount (e.g. 30s ahead, -30s behind). It exists only for the cluster
+	// fault run's clock-skew scenario (e2e/chaos, docs/reliability.md):
+	// never set it in production. The leader lease keeps the real clock; its
+	// TTL is measured by the server. Defaults to 0; at most ±1h.
+	TestClockOffset time.Duration `koanf:"test_clock_offset"`
 }
 
 // Defaults of Config.
@@ -93,6 +99,9 @@ func (c Config) Validate(section string, leaseTTL time.Duration) error {
 			errs = append(errs, config.Invalid(key(k), "must not be negative, got %s", d))
 		}
 	}
+	if c.TestClockOffset < -time.Hour || c.TestClockOffset > time.Hour {
+		errs = append(errs, config.Invalid(key("test_clock_offset"), "must be within ±1h (a test-only setting), got %s", c.TestClockOffset))
+	}
 	if c.MaxBackfill < 0 || c.MaxBackfill > 100_000 {
 		errs = append(errs, config.Invalid(key("max_backfill"), "must be 0 (default %d) to 100000", DefaultMaxBackfill))
 	}
@@ -127,7 +136,13 @@ func (c *ServiceConfig) Validate() error {
 // (ready once the definitions and states are loaded).
 func BuildFunc(cfg Config) service.BuildFunc {
 	return func(_ context.Context, env *service.Env, http *telemetry.HTTPServer) (lifecycle.Component, error) {
-		s, err := New(cfg, env, clock.Real())
+		clk := clock.Real()
+		if cfg.TestClockOffset != 0 {
+			env.Logger.Warn("scheduler.test_clock_offset is set: this replica's schedule clock is moved (a test-only setting)",
+				"offset", cfg.TestClockOffset.String())
+			clk = clock.Offset(clk, cfg.TestClockOffset)
+		}
+		s, err := New(cfg, env, clk)
 		if err != nil {
 			return nil, err
 		}
