@@ -142,15 +142,3 @@ func addSchedules(ctx context.Context, nc *nats.Conn, prefix string, n int) ([]s
 	wg.Wait()
 	return ids, errors.Join(errs...)
 }
-
-// removeSchedules deletes the schedules; what they fired still runs.
-func removeSchedules(ctx context.Context, nc *nats.Conn, ids []string) error {
-	client := jetfleet.NewClient(nc)
-	var errs []error
-	for _, id := range ids {
-		opCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		errs = append(errs, client.RemoveSchedule(opCtx, id))
-		cancel()
-	}
-	return errors.Join(errs...)
-}

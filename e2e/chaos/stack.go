@@ -214,6 +214,15 @@ func (s *stack) down(keep bool) {
 	for _, id := range s.containers {
 		_ = docker(ctx, "unpause", id)
 	}
+	// Anonymous volumes (an image's VOLUME) carry no project label: note
+	// them before the containers go.
+	var anonymous []string
+	for _, id := range s.containers {
+		out, err := execOutput(ctx, "docker", "inspect", "--format", `{{range .Mounts}}{{if eq .Type "volume"}}{{.Name}} {{end}}{{end}}`, id)
+		if err == nil {
+			anonymous = append(anonymous, strings.Fields(out)...)
+		}
+	}
 	if out, err := s.compose(ctx, "down", "--volumes", "--remove-orphans", "--timeout", "5"); err != nil {
 		fmt.Fprintf(os.Stderr, "chaos: docker-compose down of %s: %v\n%s\n", s.project, err, out)
 	}
@@ -228,6 +237,9 @@ func (s *stack) down(keep bool) {
 				fmt.Fprintf(os.Stderr, "chaos: removing what %s left: %v\n", s.project, err)
 			}
 		}
+	}
+	for _, v := range anonymous {
+		_ = docker(ctx, "volume", "rm", "-f", v) // gone already when compose removed it
 	}
 	if !keep {
 		_ = os.RemoveAll(s.dir)
