@@ -136,8 +136,9 @@ func TestDashboardInABrowser(t *testing.T) {
 		st.broken.Store(true)
 		res, err := st.client.Enqueue(ctx, flakyArgs{Order: 42})
 		must(t, err)
-		if _, err := st.client.Wait(ctx, res.JobID); err == nil {
-			t.Fatal("the flaky job succeeded while broken")
+		first, err := st.client.Wait(ctx, res.JobID)
+		if err == nil || first == nil || first.State != protocol.EventDead {
+			t.Fatalf("the flaky job while broken: %+v, %v; want dead", first, err)
 		}
 		st.broken.Store(false) // the upstream is fixed: replay
 		st.do(chromedp.Navigate(st.url+"/dlq?kind=flaky"), chromedp.WaitVisible(`#letters tr[data-job="`+res.JobID+`"]`))
@@ -146,14 +147,16 @@ func TestDashboardInABrowser(t *testing.T) {
 		st.shot("dlq-letter")
 		st.do(chromedp.Click(`#replay`), chromedp.WaitVisible(`.flash`))
 		// The job keeps its id: until the replay's events arrive, its latest
-		// event is still the first run's dead one, which Wait would return
-		// at once. Wait for the replay's outcome.
+		// event is still the first run's dead one, which Wait returns at once
+		// (with the job's error). Wait for the replay's outcome: an event
+		// stored after that one.
 		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 		defer wcancel()
 		var info *jetfleet.JobInfo
 		for {
 			info, err = st.client.Wait(wctx, res.JobID)
-			if err != nil || info.State == protocol.EventSucceeded || wctx.Err() != nil {
+			stillFirst := info != nil && info.Event.GetStreamSequence() == first.Event.GetStreamSequence()
+			if (!stillFirst && info != nil) || wctx.Err() != nil {
 				break
 			}
 			select { // still the first run's end: look again shortly
