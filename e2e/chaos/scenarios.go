@@ -77,7 +77,9 @@ func (e *runEnv) underLoad(ctx context.Context, s *stack, r *row, name string, f
 	if r.fires.redelivered > 0 {
 		r.note("%d fires ran twice from one job message (a redelivery, at-least-once)", r.fires.redelivered)
 	}
-	if acked := float64(len(published)) / elapsed; acked < float64(e.rate)/2 {
+	// Below half the rate the scenario did not test what it says. Power
+	// loss is exempt: its outage is the fault, no publish can succeed then.
+	if acked := float64(len(published)) / elapsed; acked < float64(e.rate)/2 && !strings.HasPrefix(name, "power-") {
 		r.fail("load not held: %.0f jobs/s acknowledged of %d offered", acked, e.rate)
 	}
 	r.checkNoLoss()
