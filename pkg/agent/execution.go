@@ -49,6 +49,11 @@ type execution struct {
 	lastProgress time.Time // the last +WPI
 	waited       bool      // a waiting event was sent (fleet-wide limit)
 	result       []byte    // the handler's result (RecordResult), for the succeeded event
+	// resultRefused is why the handler's latest RecordResult was refused
+	// (too large): the attempt then fails even if the handler goes on to
+	// return nil, since whoever reads the result (a workflow's next step)
+	// would otherwise see a success without it.
+	resultRefused error
 	// report is the handler's latest progress report, listed in heartbeats.
 	// progressSent is when the last progress event went out and
 	// progressEvents how many did (the n of their message ids);
@@ -306,6 +311,9 @@ func (a *Agent) run(ctx context.Context, job *Job) error {
 	var err error
 	if ctx.Err() == nil {
 		err = k.handler(ctx, job)
+		if err == nil {
+			err = ex.refusedResult()
+		}
 	} else {
 		// Cancelled, timed out or handed back before the handler started
 		// (while waiting for the kind's slot): it did not succeed.

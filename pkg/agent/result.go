@@ -7,7 +7,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jetfleet/jetfleet/pkg/config"
+	"github.com/jetfleet/jetfleet/pkg/protocol"
 )
 
 // Job results (docs/protocol.md §3.10): what a handler returns travels
@@ -19,7 +19,7 @@ import (
 // the output tail, and must fit the server's max_payload).
 const (
 	DefaultMaxResult = 64 << 10
-	MaxResult        = 256 << 10
+	MaxResult        = protocol.MaxResult
 )
 
 // ErrResultTooLarge is what RecordResult returns for a result above the
@@ -33,8 +33,10 @@ var (
 // json.RawMessage is taken as it is, once checked). It is stored with the
 // job's succeeded event; a job that does not succeed keeps no result. A
 // later call replaces an earlier one. It returns ErrResultTooLarge when the
-// encoded result is larger than the agent's max_result (64 KiB by default),
-// and ErrInvalidResult for a RawMessage that is not JSON. It is a no-op
+// encoded result is larger than the agent's max_result (64 KiB by default):
+// the attempt then fails, non-retryable, with that reason, even if the
+// handler returns nil (unless a later call records a result that fits).
+// It returns ErrInvalidResult for a RawMessage that is not JSON. It is a no-op
 // outside a handler (after encoding v).
 func RecordResult(ctx context.Context, v any) error {
 	var data []byte
@@ -60,11 +62,25 @@ func RecordResult(ctx context.Context, v any) error {
 
 func (ex *execution) recordResult(data []byte) error {
 	limit := ex.agent.cfg.MaxResult
-	if int64(len(data)) > int64(limit) {
-		return fmt.Errorf("%w: %s of JSON, agent.max_result is %s", ErrResultTooLarge, config.ByteSize(len(data)), limit)
-	}
 	ex.mu.Lock()
 	defer ex.mu.Unlock()
-	ex.result = data
+	if int64(len(data)) > int64(limit) {
+		err := fmt.Errorf("%w: %d bytes of JSON, agent.max_result is %s", ErrResultTooLarge, len(data), limit)
+		ex.result, ex.resultRefused = nil, err
+		return err
+	}
+	ex.result, ex.resultRefused = data, nil
 	return nil
+}
+
+// refusedResult is the non-retryable failure of an attempt whose handler
+// returned nil after its latest result was refused: running it again
+// would produce the same result.
+func (ex *execution) refusedResult() error {
+	ex.mu.Lock()
+	defer ex.mu.Unlock()
+	if ex.resultRefused == nil {
+		return nil
+	}
+	return NonRetryable(fmt.Errorf("the handler returned without error, but its result was refused: %w", ex.resultRefused))
 }

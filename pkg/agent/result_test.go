@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -41,4 +42,29 @@ func TestRecordResult(t *testing.T) {
 	dead := f.events.WaitFor(t, 10*time.Second, "count-2", protocol.EventDead)
 	assert.Empty(t, dead.GetResult(), "only a succeeded event carries the result")
 	assert.ErrorIs(t, agent.RecordResult(context.Background(), json.RawMessage(`{"a":`)), agent.ErrInvalidResult)
+}
+
+// TestAResultOverTheLimitFailsTheAttempt: a handler that ignores the
+// refusal of its result and returns nil does not succeed — a workflow's
+// next step would read a success without the result it needs. The attempt
+// fails once, non-retryable, naming the limit.
+func TestAResultOverTheLimitFailsTheAttempt(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	var runs atomic.Int32
+	f.startAgent(t, agent.Config{MaxResult: 1024}, func(a *agent.Agent) {
+		must(t, a.Register("listing", func(ctx context.Context, job *agent.Job) error {
+			runs.Add(1)
+			_ = agent.RecordResult(ctx, strings.Repeat("x", 2000)) // ignored: the point of the test
+			return nil
+		}, agent.KindOptions{}))
+	})
+	fleettest.Publish(t, f.js, protocol.Job{ID: "listing-1", Queue: "default", Kind: "listing"})
+	dead := f.events.WaitFor(t, 10*time.Second, "listing-1", protocol.EventDead)
+	assert.Equal(t, protocol.CodeNonRetryable, dead.GetErrorCode())
+	assert.Contains(t, dead.GetError(), "result was refused")
+	assert.Contains(t, dead.GetError(), "2002 bytes of JSON, agent.max_result is 1KiB")
+	assert.Empty(t, dead.GetResult())
+	assert.Equal(t, []string{protocol.EventFailed, protocol.EventDead}, f.events.Of("listing-1"), "not retried: the same result would come again")
+	assert.Equal(t, int32(1), runs.Load())
 }

@@ -318,3 +318,9 @@ func TruncateError(s string) string {
 	}
 	return s[:cut] + fmt.Sprintf(" …[%d bytes cut]", len(s)-cut)
 }
+
+// MaxResult bounds a job's result (docs/protocol.md §3.10): the JSON
+// document a succeeded event carries, with the output tail, within the
+// server's max_payload. An agent's own limit (agent.max_result) may be
+// lower; the supervisor fails a workflow step whose result is above this.
+const MaxResult = 256 << 10

@@ -1,15 +1,19 @@
 package supervisor
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 	"github.com/jetfleet/jetfleet/pkg/protocol/jetfleetpb"
+	"github.com/jetfleet/jetfleet/pkg/supervisor/workflow"
 )
 
 func TestRateWindowSlides(t *testing.T) {
@@ -90,4 +94,29 @@ func TestAlerterForgetsIncidentsPastTheWindow(t *testing.T) {
 	assert.Len(t, a.last, 2, "pruned at most once per window")
 	a.pruneLocked(t0.Add(19*time.Minute), 10*time.Minute)
 	assert.Equal(t, map[string]time.Time{"agent_dead:a-2": t0.Add(10 * time.Minute)}, a.last)
+}
+
+// TestAStepResultAboveTheProtocolLimitFailsTheStep: a foreign agent's
+// success whose result is above the protocol's limit fails the step with
+// the reason; one at the limit succeeds; other events are not outcomes.
+func TestAStepResultAboveTheProtocolLimitFailsTheStep(t *testing.T) {
+	atLimit := []byte(`"` + strings.Repeat("x", protocol.MaxResult-2) + `"`)
+	out, ok := stepOutcome(&jetfleetpb.JobEvent{Type: protocol.EventSucceeded, Result: atLimit})
+	require.True(t, ok)
+	assert.Equal(t, workflow.StatusSucceeded, out.Status)
+	assert.Len(t, out.Result, protocol.MaxResult)
+
+	over := append([]byte(`"x`), atLimit[1:]...)
+	out, ok = stepOutcome(&jetfleetpb.JobEvent{Type: protocol.EventSucceeded, Result: over, AgentId: "py-7"})
+	require.True(t, ok)
+	assert.Equal(t, workflow.StatusFailed, out.Status)
+	assert.Nil(t, out.Result)
+	assert.Equal(t, fmt.Sprintf("result too large: %d bytes, the protocol's limit is %d (agent py-7)", protocol.MaxResult+1, protocol.MaxResult), out.Error)
+
+	out, ok = stepOutcome(&jetfleetpb.JobEvent{Type: protocol.EventDead, Reason: "max_attempts", Error: "boom\nstack"})
+	require.True(t, ok)
+	assert.Equal(t, workflow.Outcome{Status: workflow.StatusFailed, Error: "max_attempts: boom"}, out)
+
+	_, ok = stepOutcome(&jetfleetpb.JobEvent{Type: protocol.EventRetrying})
+	assert.False(t, ok, "not terminal")
 }

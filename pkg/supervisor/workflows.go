@@ -81,21 +81,37 @@ func (w *workflows) jobEnded(ev *jetfleetpb.JobEvent) {
 	if !ok {
 		return
 	}
+	out, ok := stepOutcome(ev)
+	if !ok {
+		return
+	}
+	w.pending = append(w.pending, pendingOutcome{runID: runID, jobID: ev.GetJobId(), out: out})
+}
+
+// stepOutcome is the outcome a terminal event gives a step's job; false
+// for an event that is not terminal. A success whose result is above the
+// protocol's limit (a foreign agent's; the Go agent refuses it) fails the
+// step: the next steps would be built from a result nobody should store.
+func stepOutcome(ev *jetfleetpb.JobEvent) (workflow.Outcome, bool) {
 	out := workflow.Outcome{Result: ev.GetResult()}
 	switch ev.GetType() {
 	case protocol.EventSucceeded:
 		out.Status = workflow.StatusSucceeded
+		if len(out.Result) > protocol.MaxResult {
+			out.Status, out.Result = workflow.StatusFailed, nil
+			out.Error = fmt.Sprintf("result too large: %d bytes, the protocol's limit is %d (agent %s)", len(ev.GetResult()), protocol.MaxResult, ev.GetAgentId())
+		}
 	case protocol.EventDead:
 		out.Status, out.Error = workflow.StatusFailed, outcomeError(ev)
 	case protocol.EventCancelled:
 		out.Status, out.Error = workflow.StatusCancelled, outcomeError(ev)
 	default:
-		return
+		return out, false
 	}
 	if len(out.Result) == 0 {
 		out.Result = nil
 	}
-	w.pending = append(w.pending, pendingOutcome{runID: runID, jobID: ev.GetJobId(), out: out})
+	return out, true
 }
 
 // flush applies the pending outcomes, one transition per run for all of

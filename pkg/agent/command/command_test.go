@@ -512,17 +512,21 @@ echo "::progress lots"; echo done`},
 
 // TestProgramWritesItsResult: a program writes its result, a JSON
 // document, to the file $JETFLEET_RESULT names; it is stored with the
-// succeeded event. A result that is not JSON fails the job for good.
+// succeeded event. A result that is not JSON, or larger than the agent's
+// max_result, fails the job for good.
 func TestProgramWritesItsResult(t *testing.T) {
 	t.Parallel()
-	f := setup(t, agent.Config{}, map[string]command.Config{
+	f := setup(t, agent.Config{MaxResult: 1024}, map[string]command.Config{
 		"export": {Command: "/bin/sh", Args: []string{"-c", `printf '{"files": [\n "a.csv", "b.csv"]}\n' > "$JETFLEET_RESULT"`}},
 		"broken": {Command: "/bin/sh", Args: []string{"-c", `echo 'rows=42' > "$JETFLEET_RESULT"`}},
 		"silent": {Command: "/bin/true"},
+		// 2,000 bytes of JSON against the agent's max_result of 1 KiB.
+		"huge": {Command: "/bin/sh", Args: []string{"-c", `printf '"%02000d"' 0 > "$JETFLEET_RESULT"`}},
 	})
 	f.publish(t, protocol.Job{ID: "export-1", Kind: "export"})
 	f.publish(t, protocol.Job{ID: "broken-1", Kind: "broken"})
 	f.publish(t, protocol.Job{ID: "silent-1", Kind: "silent"})
+	f.publish(t, protocol.Job{ID: "huge-1", Kind: "huge"})
 	ok := f.events.WaitFor(t, 30*time.Second, "export-1", protocol.EventSucceeded)
 	assert.Equal(t, `{"files":["a.csv","b.csv"]}`, string(ok.GetResult()), "stored as compact JSON")
 	dead := f.events.WaitFor(t, 30*time.Second, "broken-1", protocol.EventDead)
@@ -531,4 +535,8 @@ func TestProgramWritesItsResult(t *testing.T) {
 	assert.Equal(t, uint32(1), dead.GetAttempt(), "not retried: the program would write it again")
 	silent := f.events.WaitFor(t, 30*time.Second, "silent-1", protocol.EventSucceeded)
 	assert.Empty(t, silent.GetResult(), "no file, no result")
+	huge := f.events.WaitFor(t, 30*time.Second, "huge-1", protocol.EventDead)
+	assert.Contains(t, huge.GetError(), "result too large: 2002 bytes of JSON, agent.max_result is 1KiB")
+	assert.Equal(t, uint32(1), huge.GetAttempt(), "not retried: the program would write it again")
+	assert.Empty(t, huge.GetResult())
 }
