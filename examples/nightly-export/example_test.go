@@ -40,36 +40,22 @@ const demoBackoff = `"1s"`
 // running export-file.sh from agent.yaml, and the sample files.
 type example struct {
 	dir    string
+	url    string // the fleet's NATS server
 	client *jetfleet.Client
 	alerts chan *jetfleetpb.Alert
 }
 
+// setup starts the dev fleet, writes the sample files and starts both
+// agents, as README.md's manual way does.
 func setup(t *testing.T) *example {
 	t.Helper()
+	ex := startFleet(t)
 	ctx := fleettest.Ctx(t, time.Minute)
-	dir := t.TempDir()
+	dir := ex.dir
 	require.NoError(t, WriteSamples(dir))
-
-	// go tool task dev
-	cfg := devfleet.DefaultConfig()
-	cfg.Embedded.Port, cfg.Embedded.DataDir, cfg.Telemetry.HTTPAddr = -1, t.TempDir(), ""
-	cfg.Dashboard.Listen = devfleet.DashboardOff
-	fleet, err := devfleet.New(cfg, devfleet.Options{Logger: fleettest.Logger(t).With("fleet", "dev")})
-	require.NoError(t, err)
-	require.NoError(t, fleet.Start(ctx))
-	t.Cleanup(func() { stopWithin(t, fleet.Stop) })
-	nc, err := nats.Connect(fleet.ClientURL())
+	nc, err := nats.Connect(ex.url)
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
-	ex := &example{dir: dir, client: jetfleet.NewClient(nc), alerts: make(chan *jetfleetpb.Alert, 100)}
-	sub, err := nc.Subscribe(protocol.AlertSubject(">"), func(m *nats.Msg) {
-		var al jetfleetpb.Alert
-		if protocol.Unmarshal(m.Data, &al) == nil {
-			ex.alerts <- &al
-		}
-	})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
 
 	// go run ./examples/nightly-export -samples (the samples are written above)
 	a, err := NewAgent(nc, Config{Dir: dir, AgentID: "nightly-export-go"}, fleettest.Logger(t).With("agent", "go"))
@@ -83,7 +69,7 @@ func setup(t *testing.T) *example {
 	agentCfg := agentservice.DefaultServiceConfig()
 	_, err = config.Load(agentCfg, config.Options{
 		Files: []string{filepath.Join("..", "..", "config", "fleet.yaml"), "agent.yaml"},
-		Sets: []string{"nats.url=" + fleet.ClientURL(), "telemetry.http_addr=", "handlers.export-file.command=" + script,
+		Sets: []string{"nats.url=" + ex.url, "telemetry.http_addr=", "handlers.export-file.command=" + script,
 			"handlers.export-file.env.NIGHTLY_EXPORT_DIR=" + dir},
 		Environ: []string{},
 	})
@@ -97,6 +83,36 @@ func setup(t *testing.T) *example {
 	require.Equal(t, []string{"export-file"}, execAgent.Agent().Kinds())
 	require.NoError(t, execAgent.Start(ctx))
 	t.Cleanup(func() { stopWithin(t, execAgent.Stop) })
+	return ex
+}
+
+// startFleet starts the dev fleet alone (go tool task dev), with a client
+// that collects every alert; ex.dir is an empty directory for the files.
+func startFleet(t *testing.T) *example {
+	t.Helper()
+	ctx := fleettest.Ctx(t, time.Minute)
+	dir := t.TempDir()
+
+	// go tool task dev
+	cfg := devfleet.DefaultConfig()
+	cfg.Embedded.Port, cfg.Embedded.DataDir, cfg.Telemetry.HTTPAddr = -1, t.TempDir(), ""
+	cfg.Dashboard.Listen = devfleet.DashboardOff
+	fleet, err := devfleet.New(cfg, devfleet.Options{Logger: fleettest.Logger(t).With("fleet", "dev")})
+	require.NoError(t, err)
+	require.NoError(t, fleet.Start(ctx))
+	t.Cleanup(func() { stopWithin(t, fleet.Stop) })
+	nc, err := nats.Connect(fleet.ClientURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	ex := &example{dir: dir, url: fleet.ClientURL(), client: jetfleet.NewClient(nc), alerts: make(chan *jetfleetpb.Alert, 100)}
+	sub, err := nc.Subscribe(protocol.AlertSubject(">"), func(m *nats.Msg) {
+		var al jetfleetpb.Alert
+		if protocol.Unmarshal(m.Data, &al) == nil {
+			ex.alerts <- &al
+		}
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	return ex
 }
 
@@ -245,6 +261,53 @@ func TestNightlyExport(t *testing.T) {
 		assert.NotEqual(t, "workflow_failed", al.GetType(), "one alert per failed round: %s", al.GetKey())
 		assert.NotEqual(t, "final_failure", al.GetType(), "an element's dead letter is in its run's alert: %s", al.GetSummary())
 	}
+}
+
+// TestDemo runs `go run ./examples/nightly-export -demo` (RunDemo) against
+// a dev fleet in this process, as against `go tool task dev`, with the
+// backoff shortened to 1 s: it starts its own agents, fires the schedule
+// and returns no error although a file failed; what it prints names the
+// run, refunds.csv with its error and the shell program's reason, and where
+// the list is stored, with the commands to read it and to retry it.
+func TestDemo(t *testing.T) {
+	ex := startFleet(t)
+	ctx := fleettest.Ctx(t, 2*time.Minute)
+	// A refunds.csv fixed by an earlier try is corrupt again for the demo.
+	require.NoError(t, os.MkdirAll(filepath.Join(ex.dir, "in"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(ex.dir, "in", "refunds.csv"), []byte(fixedRefunds), 0o644))
+
+	var out bytes.Buffer
+	require.NoError(t, RunDemo(ctx, DemoConfig{URL: ex.url, Dir: ex.dir, ExampleDir: ".", Backoff: time.Second}, &out,
+		fleettest.Logger(t).With("demo", "agents")), "a failed file is the demo's expected outcome")
+	printed := out.String()
+	t.Logf("printed:\n%s", printed)
+
+	runs, err := ex.client.WorkflowRuns(ctx, jetfleet.WorkflowRunsRequest{Workflow: "nightly-export"})
+	require.NoError(t, err)
+	require.Len(t, runs, 1)
+	runID := runs[0].RunID
+	assert.Equal(t, "nightly-export", runs[0].ScheduleID, "started by firing the schedule")
+	assert.Equal(t, jetfleet.WorkflowFailed, runs[0].Status)
+	info, err := ex.client.Workflow(ctx, "nightly-export")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"1s"}, info.Definition.Steps[1].Backoff, "stored with the demo's backoff")
+
+	assert.Contains(t, printed, "\nrun "+runID+" of workflow nightly-export: failed after ")
+	assert.Contains(t, printed, "step export: 4 of 5 files exported, 1 failed\n")
+	assert.Regexp(t, `\nrefunds\.csv +error: +max_attempts: exec: \S+/export-file\.sh: exit status 1\n`, printed)
+	assert.Contains(t, printed, "output:  refunds.csv: line 3 has 2 fields where the header has 3: corrupt, not exported\n")
+	assert.Contains(t, printed, "job:     "+protocol.WorkflowStepJobID(runID, "export", 3, 0))
+	for _, name := range []string{"customers.csv", "invoices.csv", "orders.csv", "stock.csv"} {
+		assert.NotContains(t, printed, name, "only the failed file is listed")
+	}
+	assert.Contains(t, printed, "is key "+runID+" in bucket workflow_runs")
+	assert.Contains(t, printed, "go run ./services/jetfleet workflow get "+runID+" ")
+	assert.Contains(t, printed, "go run ./services/jetfleet workflow retry-failed "+runID+" ")
+	report := filepath.Join(ex.dir, "out", runID, "report.txt")
+	assert.Contains(t, printed, report)
+	assert.Contains(t, readFile(t, report), "FAILED    refunds.csv  ")
+	al := waitAlert(t, ex.alerts, "workflow_failed")
+	assert.Equal(t, "workflow_failed:"+runID+":0", al.GetKey(), "the run's one alert")
 }
 
 // exportFile are the arguments of a job of export-file sent by hand.

@@ -8,6 +8,19 @@
 //
 // It connects to -server ($NATS_URL, default nats://127.0.0.1:4222) and runs
 // until SIGINT or SIGTERM, then hands back what it runs.
+//
+// With -demo it runs the whole example once instead (RunDemo): the sample
+// files, both agents in this process (export-file.sh through the exec
+// handler), the workflow with -backoff between a file's attempts (default
+// 2s) and its 02:00 schedule stored, the schedule fired now; then it prints
+// the run's outcome, the failed files and where their list is stored, and
+// exits. Run it from the repository root (or give -example-dir):
+//
+//	go run ./examples/nightly-export -demo [-backoff 2s]
+//
+// Its exit status is 0 when the run ended, failed files or not (a failed
+// file is what the demo shows), and 1 when the demo could not run or the
+// run was cancelled.
 package main
 
 import (
@@ -17,6 +30,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -28,10 +43,27 @@ func main() {
 	dir := flag.String("dir", "/tmp/nightly-export", "`directory` whose in/ holds the files to export and out/ the exports and reports")
 	id := flag.String("id", "nightly-export-go", "agent `id`, unique in the fleet")
 	samples := flag.Bool("samples", false, "first write the sample files missing from in/ (refunds.csv is corrupt)")
+	demo := flag.Bool("demo", false, "run the whole example once against the fleet, print the failed files and where they are stored, and exit")
+	backoff := flag.Duration("backoff", DefaultDemoBackoff, "with -demo, the `delay` between a file's attempts (workflow.json: 30s)")
+	exampleDir := flag.String("example-dir", filepath.Join("examples", "nightly-export"),
+		"with -demo, the `directory` of workflow.json, schedule.json, agent.yaml and export-file.sh")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "nightly-export: unexpected argument %q\n", flag.Arg(0))
 		os.Exit(2)
+	}
+	if !*demo {
+		// Flags of the demo alone: silently ignored, they would mislead.
+		var misplaced []string
+		flag.Visit(func(f *flag.Flag) {
+			if f.Name == "backoff" || f.Name == "example-dir" {
+				misplaced = append(misplaced, "-"+f.Name)
+			}
+		})
+		if len(misplaced) > 0 {
+			fmt.Fprintf(os.Stderr, "nightly-export: %s only with -demo\n", strings.Join(misplaced, " and "))
+			os.Exit(2)
+		}
 	}
 	url := *server
 	if url == "" {
@@ -41,6 +73,19 @@ func main() {
 		url = nats.DefaultURL
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if *demo {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		// The demo's output is what it prints; the agents say only what went wrong.
+		quiet := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		err := RunDemo(ctx, DemoConfig{URL: url, Dir: *dir, ExampleDir: *exampleDir, AgentID: *id, Backoff: *backoff}, os.Stdout, quiet)
+		if err != nil {
+			logger.Error("nightly-export demo failed", "error", err)
+			stop()
+			os.Exit(1)
+		}
+		return
+	}
 	if *samples {
 		if err := WriteSamples(*dir); err != nil {
 			logger.Error("writing the sample files", "error", err)

@@ -40,3 +40,18 @@ func WriteSamples(dir string) error {
 	}
 	return nil
 }
+
+// ResetSamples writes every sample file to dir/in over what is there, so
+// that refunds.csv is corrupt again (-demo). Other files of in/ stay.
+func ResetSamples(dir string) error {
+	in := filepath.Join(dir, "in")
+	if err := os.MkdirAll(in, 0o755); err != nil {
+		return err
+	}
+	for name, content := range Samples {
+		if err := os.WriteFile(filepath.Join(in, name), []byte(content), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -22,8 +22,9 @@ type metrics struct {
 	alerts      metric.Int64Counter
 	webhooks    metric.Int64Counter
 	transitions metric.Int64Counter
-	// Workflows: runs started and ended (by workflow and outcome), step
-	// jobs published, and fan-out elements that failed.
+	// Workflows: runs started and ended (by workflow and outcome) and
+	// starts refused, step jobs published, failed steps and fan-out
+	// elements of ended runs, and step durations.
 	workflowRuns     metric.Int64Counter
 	workflowJobs     metric.Int64Counter
 	workflowFailures metric.Int64Counter
@@ -71,7 +72,7 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 		return nil, err
 	}
 	if m.workflowRuns, err = meter.Int64Counter("jetfleet.supervisor.workflow_runs",
-		metric.WithDescription("Workflow runs started and ended, by workflow and event (started, succeeded, failed, cancelled)")); err != nil {
+		metric.WithDescription("Workflow runs started and ended, and start messages refused, by workflow and event (started, succeeded, failed, cancelled, refused)")); err != nil {
 		return nil, err
 	}
 	if m.workflowJobs, err = meter.Int64Counter("jetfleet.supervisor.workflow_jobs",
