@@ -46,7 +46,7 @@ func main() { os.Exit(run()) }
 func run() int {
 	short := flag.Bool("short", false, "CI's run: node kills for 3 minutes, shorter phases, no default-interval stack")
 	only := flag.String("scenario", "", "comma-separated scenarios to run (default: all): "+names())
-	keep := flag.Bool("keep", false, "keep the run's configuration directory")
+	keep := flag.Bool("keep", false, "keep the run's configuration directory, with every container's log (logs.txt)")
 	skipImages := flag.Bool("skip-images", false, "use the images as they are (go tool task images not run)")
 	rate := flag.Int("rate", 150, "jobs published per second (the issue's 500 with 200 schedules is more than a 2-core machine runs through this stack: docs/reliability.md)")
 	schedules := flag.Int("schedules", 100, "schedules firing every second")

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	mathrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -37,6 +38,30 @@ var hostPortVars = []string{
 
 // natsNodes are the compose services of the three NATS servers.
 var natsNodes = []string{"nats", "nats-2", "nats-3"}
+
+// serverName is the server_name of NATS node service node
+// (docker-compose.cluster.yml).
+func serverName(node string) string {
+	if node == "nats" {
+		return "nats-1"
+	}
+	return node
+}
+
+// streamLeader is the server_name of the node that leads stream name.
+func (s *stack) streamLeader(ctx context.Context, name string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := s.js.Stream(ctx, name)
+	if err != nil {
+		return "", fmt.Errorf("stream %s: %w", name, err)
+	}
+	info := st.CachedInfo()
+	if info.Cluster == nil || info.Cluster.Leader == "" {
+		return "", fmt.Errorf("stream %s has no leader", name)
+	}
+	return info.Cluster.Leader, nil
+}
 
 // stack is one compose project of the run.
 type stack struct {
@@ -86,13 +111,14 @@ func startStack(ctx context.Context, root string, sync syncSetting, recorderURL 
 	}
 	// The nodes' ports stay the same across their restarts (the harness
 	// reconnects to them); 0 would pick a new one at every start.
-	for _, v := range []string{"NATS_PORT", "NATS_MONITOR_PORT", "CHAOS_NATS_2_PORT", "CHAOS_NATS_2_MONITOR_PORT",
-		"CHAOS_NATS_3_PORT", "CHAOS_NATS_3_MONITOR_PORT"} {
-		port, err := freePort()
-		if err != nil {
-			return s, err
-		}
-		s.env = append(s.env, fmt.Sprintf("%s=%d", v, port)) // the last one wins
+	pinned := []string{"NATS_PORT", "NATS_MONITOR_PORT", "CHAOS_NATS_2_PORT", "CHAOS_NATS_2_MONITOR_PORT",
+		"CHAOS_NATS_3_PORT", "CHAOS_NATS_3_MONITOR_PORT"}
+	ports, err := freePorts(len(pinned))
+	if err != nil {
+		return s, err
+	}
+	for i, v := range pinned {
+		s.env = append(s.env, fmt.Sprintf("%s=%d", v, ports[i])) // the last one wins
 	}
 	if out, err := s.compose(ctx, "up", "--detach", "--no-build"); err != nil {
 		return s, fmt.Errorf("docker-compose up: %w\n%s", err, out)
@@ -203,12 +229,19 @@ func docker(ctx context.Context, args ...string) error {
 }
 
 // down removes the project's containers, networks and volumes and the
-// run's directory, also after a failure; keep leaves the directory.
+// run's directory, also after a failure; keep leaves the directory, with
+// every container's whole log in it (logs.txt).
 func (s *stack) down(keep bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if s.nc != nil {
 		s.nc.Close()
+	}
+	if keep {
+		out, _ := s.compose(ctx, "logs", "--no-color", "--timestamps")
+		if err := os.WriteFile(filepath.Join(s.dir, "logs.txt"), out, 0o600); err == nil {
+			fmt.Fprintf(os.Stderr, "chaos: the logs of project %s are in %s\n", s.project, filepath.Join(s.dir, "logs.txt"))
+		}
 	}
 	// Paused containers do not stop; disconnected ones are removed anyway.
 	for _, id := range s.containers {
@@ -408,14 +441,25 @@ func (s *stack) leader(ctx context.Context, role string, timeout time.Duration, 
 	}
 }
 
-// freePort is a TCP port free on 127.0.0.1 right now.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// freePorts is n distinct TCP ports free on 127.0.0.1 right now, below
+// 32768: Docker hands out the ports it publishes for a port of 0 from
+// 32768 up, and one of those, taken by another container of the stack
+// before a node started, made the node's start fail.
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	for try := 0; len(ports) < n && try < 1000; try++ {
+		port := 20000 + mathrand.IntN(12000)
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue // taken
+		}
+		defer func() { _ = ln.Close() }() // held until all are chosen: no port twice
+		ports = append(ports, port)
 	}
-	defer func() { _ = ln.Close() }()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	if len(ports) < n {
+		return nil, fmt.Errorf("no %d free ports between 20000 and 32000 on 127.0.0.1", n)
+	}
+	return ports, nil
 }
 
 func randomHex(n int) string {

@@ -239,15 +239,27 @@ func (el *Elector) reclaim(ctx context.Context, now, until time.Time) (uint64, t
 	return rev, v.AcquiredAt, true
 }
 
-// write creates the key (rev 0) or updates it at rev, giving up at until.
+// write creates the key (rev 0) or updates it at rev, giving up at until
+// or after one attempt's time (attemptTimeout), whichever comes first.
 func (el *Elector) write(ctx context.Context, rev uint64, acquiredAt, now, until time.Time) (uint64, error) {
 	val, _ := json.Marshal(Value{Holder: el.cfg.Holder, AcquiredAt: acquiredAt.UTC(), RenewedAt: now.UTC()})
-	wctx, cancel := context.WithTimeout(ctx, until.Sub(el.cfg.Clock.Now()))
+	wctx, cancel := context.WithTimeout(ctx, min(until.Sub(el.cfg.Clock.Now()), el.attemptTimeout()))
 	defer cancel()
 	if rev == 0 {
 		return el.cfg.KV.Create(wctx, el.cfg.Key, val)
 	}
 	return el.cfg.KV.Update(wctx, el.cfg.Key, val, rev)
+}
+
+// attemptTimeout bounds one write of the lease: the renewal interval, at
+// least a quarter of the TTL. A request sent on a connection that then
+// went silent gets no reply, even once the client has reconnected to
+// another server; waiting for it to the deadline would cost the lease,
+// when a write sent again on the new connection keeps it. A write whose
+// reply was lost but which was stored shows as a revision mismatch at the
+// next attempt, and adopt takes it.
+func (el *Elector) attemptTimeout() time.Duration {
+	return max(el.cfg.Renew, el.cfg.TTL/4)
 }
 
 func (el *Elector) stepDown(reason string) {

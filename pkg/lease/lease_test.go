@@ -4,15 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
+	"github.com/jetfleet/jetfleet/pkg/natsconn"
 	"github.com/jetfleet/jetfleet/pkg/natstest"
 )
 
@@ -208,4 +211,78 @@ func TestForeignLeaseIsNotTakenBack(t *testing.T) {
 	_, ch := start(t, kv, "a")
 	waitGained(t, ch, 2*testTTL)
 	assert.GreaterOrEqual(t, time.Since(written), testTTL-testTTL/10, "a led while b's lease lived")
+}
+
+// TestLeaseOutlivesItsServerGoingSilent: the leader's server stops
+// answering (a partition: no reset, no FIN) and the client moves to
+// another server. A renewal sent on the silent connection never gets its
+// reply; it must not hold the lease's fate until the deadline: the next
+// attempt, on the new connection, renews it, and leadership is never lost.
+func TestLeaseOutlivesItsServerGoingSilent(t *testing.T) {
+	t.Parallel()
+	// Renewals every 2.5 s, the deadline 8 s after the last one confirmed;
+	// a silent connection is left after 2.8-4.2 s (2 pings of 1.4 s): a
+	// renewal is certain to go out on it, and a renewal sent again on the
+	// new connection has time to land.
+	const ttl, ping = 10 * time.Second, 1400 * time.Millisecond
+	srv := natstest.Server(t)
+	target := strings.TrimPrefix(srv.ClientURL(), "nats://")
+	proxies := map[string]*natstest.Proxy{}
+	var urls []string
+	for range 2 {
+		p := natstest.NewProxy(t, target)
+		proxies[p.URL()] = p
+		urls = append(urls, p.URL())
+	}
+	nc, err := natsconn.Connect(natsconn.Config{URL: strings.Join(urls, ","), PingInterval: ping}, "lease", fleettest.Logger(t))
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	reconnected := make(chan struct{}, 1)
+	nc.SetReconnectHandler(func(*nats.Conn) { reconnected <- struct{}{} })
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx := fleettest.Ctx(t, 60*time.Second)
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "leases", TTL: ttl})
+	require.NoError(t, err)
+	ch := &changes{gained: make(chan struct{}, 1)}
+	el := New(Config{KV: kv, Key: "svc", Holder: "a", Role: "test", TTL: ttl, Renew: ttl / 4, Acquire: ttl / 20,
+		Log: fleettest.Logger(t), OnChange: ch.record})
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); el.Run(runCtx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitGained(t, ch, 10*time.Second)
+
+	// Watch the key from a connection of its own, straight to the server,
+	// to see renewals land.
+	_, direct := natstest.JetStream(t, srv)
+	directKV, err := direct.KeyValue(ctx, "leases")
+	require.NoError(t, err)
+	w, err := directKV.Watch(ctx, "svc", jetstream.UpdatesOnly())
+	require.NoError(t, err)
+	defer func() { _ = w.Stop() }()
+
+	// Right as a renewal lands (its reply may be lost with the connection).
+	for kve := range w.Updates() {
+		if kve != nil {
+			break
+		}
+	}
+	proxies[nc.ConnectedUrl()].Pause()
+	select {
+	case <-reconnected:
+	case <-ctx.Done():
+		t.Fatal("the client stayed on the silent server")
+	}
+	renewals := 0
+	for kve := range w.Updates() {
+		if kve == nil {
+			continue
+		}
+		if renewals++; renewals == 3 {
+			break // renewed three times on the new connection
+		}
+	}
+	assert.True(t, el.IsLeader())
+	assert.Equal(t, []bool{true}, ch.list(), "leadership was gained once and never lost")
 }

@@ -15,8 +15,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -38,15 +40,18 @@ type Config struct {
 	// NKeySeedFile is a file holding an NKey seed.
 	NKeySeedFile string `koanf:"nkey_seed_file"`
 	// ConnectTimeout bounds the first connection. Defaults to 10s; the
-	// connection then retries in the background for ever.
+	// connection then retries in the background for ever, each dial
+	// bounded by ReconnectDialTimeout.
 	ConnectTimeout time.Duration `koanf:"connect_timeout"`
 	// PingInterval is how often the client pings its server; after
 	// MaxPingsOut unanswered pings in a row the connection counts as dead
 	// and the client moves to another server. That is how a silent loss —
 	// a partition, a frozen server, a peer gone without a reset — is
-	// noticed: within about 4 intervals (8 s by default, against NATS's
-	// default of 2 minutes × 2, when a scheduler's lease lasts 5 s).
-	// Defaults to 2s.
+	// noticed: within 2 to 3 intervals (2-3 s by default, against NATS's
+	// default of 2 minutes × 2). It must stay well inside a leader's lease
+	// (topology.lease_ttl, 5 s): a scheduler whose replicas were all
+	// connected to a node cut off resumes its fires only once one of them
+	// has left it. Defaults to 1s.
 	PingInterval time.Duration `koanf:"ping_interval"`
 }
 
@@ -54,11 +59,33 @@ type Config struct {
 const (
 	DefaultURL            = "nats://127.0.0.1:4222"
 	DefaultConnectTimeout = 10 * time.Second
-	DefaultPingInterval   = 2 * time.Second
+	DefaultPingInterval   = time.Second
 	// MaxPingsOut is how many pings may go unanswered before the
 	// connection counts as dead.
-	MaxPingsOut = 3
+	MaxPingsOut = 2
+	// ReconnectDialTimeout bounds each dial of a reconnection (or
+	// connect_timeout, if shorter). A server in the list that is cut off
+	// does not refuse a connection, it leaves the dial unanswered: with
+	// connect_timeout's 10 s per dial, a service that tried it first stayed
+	// away from every server for 10 s (the cluster fault run). Servers of
+	// one fleet answer a dial within milliseconds.
+	ReconnectDialTimeout = 2 * time.Second
 )
+
+// dialer dials the first connection within connect_timeout and each
+// reconnection's within ReconnectDialTimeout at most.
+type dialer struct {
+	first     time.Duration
+	connected atomic.Bool // set once the first connection is up
+}
+
+func (d *dialer) Dial(network, address string) (net.Conn, error) {
+	timeout := d.first
+	if d.connected.Load() {
+		timeout = min(timeout, ReconnectDialTimeout)
+	}
+	return (&net.Dialer{Timeout: timeout}).Dial(network, address)
+}
 
 // WithDefaults returns c with zero values replaced by defaults.
 func (c Config) WithDefaults() Config {
@@ -102,9 +129,11 @@ func (c Config) Validate(section string) error {
 func Connect(c Config, name string, logger *slog.Logger) (*nats.Conn, error) {
 	c = c.WithDefaults()
 	servers, timeout := c.URL, c.ConnectTimeout
+	dial := &dialer{first: timeout}
 	opts := []nats.Option{
 		nats.Name(name),
 		nats.Timeout(timeout),
+		nats.SetCustomDialer(dial),
 		nats.PingInterval(c.PingInterval),
 		nats.MaxPingsOutstanding(MaxPingsOut),
 		nats.MaxReconnects(-1),
@@ -146,6 +175,7 @@ func Connect(c Config, name string, logger *slog.Logger) (*nats.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", redact(servers), err)
 	}
+	dial.connected.Store(true)
 	return nc, nil
 }
 

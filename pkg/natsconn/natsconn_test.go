@@ -2,9 +2,12 @@ package natsconn
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -109,4 +112,51 @@ func TestSilentServerIsLeftForAnother(t *testing.T) {
 	case <-time.After(30 * time.Second): // a bound for a loaded machine; it takes about 4 intervals
 		t.Fatal("the client stayed on a server that no longer answers")
 	}
+}
+
+// TestReconnectDialGivesUpOnASilentServerSoon: a cut-off server leaves a
+// dial unanswered, no refusal. The first connection's dials wait
+// connect_timeout; a reconnection's at most ReconnectDialTimeout, so a
+// service tries the next server soon.
+func TestReconnectDialGivesUpOnASilentServerSoon(t *testing.T) {
+	t.Parallel()
+	silent := silentAddress(t)
+	d := &dialer{first: time.Minute}
+	d.connected.Store(true)
+	start := time.Now()
+	conn, err := d.Dial("tcp", silent)
+	if conn != nil {
+		_ = conn.Close()
+	}
+	var netErr net.Error
+	require.ErrorAs(t, err, &netErr, "the dial must not succeed: the address answers no dial")
+	assert.True(t, netErr.Timeout(), "a timeout, not a refusal: %v", err)
+	assert.Less(t, time.Since(start), 30*time.Second, "bounded by ReconnectDialTimeout (%s), not connect_timeout (1m)", ReconnectDialTimeout)
+
+	first := &dialer{first: 100 * time.Millisecond}
+	_, err = first.Dial("tcp", silent)
+	require.ErrorAs(t, err, &netErr, "the first connection's dials wait connect_timeout, when shorter")
+	assert.True(t, netErr.Timeout())
+}
+
+// silentAddress is a loopback address whose dials hang, as a cut-off
+// server's do: a socket listening with a backlog of 0, its accept queue
+// filled and never accepted, so the kernel drops further SYNs.
+func silentAddress(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	require.NoError(t, syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
+	require.NoError(t, syscall.Listen(fd, 0))
+	sa, err := syscall.Getsockname(fd)
+	require.NoError(t, err)
+	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+	// Fill the accept queue: the fillers connect, later dials hang.
+	for range 4 {
+		if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
+			t.Cleanup(func() { _ = c.Close() })
+		}
+	}
+	return addr
 }
