@@ -232,21 +232,30 @@ func ensureDelayedConsumer(ctx context.Context, js jetstream.JetStream) error {
 	return nil
 }
 
+// verifyRoundTimeout bounds one round of Verify's checks.
+const verifyRoundTimeout = 5 * time.Second
+
 // Verify waits until every stream and bucket of c exists, for services that
 // may not create them; it fails with what is still missing when ctx ends.
 func Verify(ctx context.Context, js jetstream.JetStream, c Config) error {
 	for {
 		var missing []string
+		// Each round is bounded on its own: a request the server leaves
+		// unanswered (a cluster node whose JetStream has not found its meta
+		// leader yet) must not hold the wait to its end, when the next
+		// round would find everything there.
+		roundCtx, cancel := context.WithTimeout(ctx, verifyRoundTimeout)
 		for _, sc := range Streams(c) {
-			if _, err := js.Stream(ctx, sc.Name); err != nil {
+			if _, err := js.Stream(roundCtx, sc.Name); err != nil {
 				missing = append(missing, "stream "+sc.Name+" ("+err.Error()+")")
 			}
 		}
 		for _, b := range buckets(c) {
-			if _, err := js.KeyValue(ctx, b.cfg.Bucket); err != nil {
+			if _, err := js.KeyValue(roundCtx, b.cfg.Bucket); err != nil {
 				missing = append(missing, "bucket "+b.cfg.Bucket+" ("+err.Error()+")")
 			}
 		}
+		cancel()
 		if len(missing) == 0 {
 			return nil
 		}
