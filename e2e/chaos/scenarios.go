@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jetfleet/jetfleet/pkg/protocol"
+	"github.com/jetfleet/jetfleet/pkg/scheduler"
 )
 
 // runEnv is what every scenario gets besides its stack.
@@ -266,12 +267,17 @@ func runPartition(ctx context.Context, e *runEnv, s *stack, r *row) error {
 		if err != nil {
 			return err
 		}
-		leasesLeader, err := s.streamLeader(ctx, "KV_"+protocol.BucketLeases)
-		if err != nil {
-			return err
+		var led []string
+		for _, stream := range firePath {
+			at, err := s.streamLeader(ctx, stream)
+			if err != nil {
+				return err
+			}
+			if at == serverName(node) {
+				led = append(led, stream)
+			}
 		}
-		cuts = append(cuts, partitionCut{at: time.Now(), what: fmt.Sprintf("%s (of leader %s) cut off 30 s", node, leader),
-			ledLeases: leasesLeader == serverName(node)})
+		cuts = append(cuts, partitionCut{at: time.Now(), what: fmt.Sprintf("%s (of leader %s) cut off 30 s", node, leader), led: led})
 		if err := s.cutOff(ctx, node, 30*time.Second); err != nil {
 			return err
 		}
@@ -314,10 +320,14 @@ func runPartition(ctx context.Context, e *runEnv, s *stack, r *row) error {
 		// there elects a new leader).
 		wait, at := lr.events.latestFire(c.at, c.healed)
 		limit, why := leaseTTL+2*time.Second, "lease TTL + 2 s"
-		if c.ledLeases {
-			// Nobody can take the lease before the bucket has a leader again:
-			// NATS elects one 4 to 9 s after the last heartbeat of the old.
-			limit, why = max(leaseTTL, raftElectionMax)+2*time.Second, "the lease bucket's election (≤ 9 s) + 2 s: the cut node led it"
+		if len(c.led) > 0 {
+			// A stream a fire needs has no leader until NATS elects one, 4 to
+			// 9 s after the old one's last heartbeat; a fire published to it
+			// meanwhile gets no answer, and the scheduler sends it again
+			// publish_timeout + retry_delay after the first time.
+			limit = publishTimeout + retryDelay + 2*time.Second
+			why = fmt.Sprintf("the cut node led %s: its election, a fire's publish_timeout (%s) + retry_delay (%s) + 2 s",
+				strings.Join(c.led, " "), publishTimeout, retryDelay)
 		}
 		waits = append(waits, fmt.Sprintf("%s: fires decided ≤ %.1f s late while cut (%s; target %s)", c.what, wait.Seconds(), at.UTC().Format("15:04:05"), why))
 		if wait > limit {
@@ -341,13 +351,19 @@ func runPartition(ctx context.Context, e *runEnv, s *stack, r *row) error {
 type partitionCut struct {
 	at, healed time.Time
 	what       string
-	ledLeases  bool
+	led        []string // the streams of firePath the cut node led
 }
 
-// raftElectionMax is nats-server's longest election timeout (raft.go,
-// maxElectionTimeoutDefault, not configurable): a stream whose leader is
-// cut off has a new one at most this long after its last heartbeat.
-const raftElectionMax = 9 * time.Second
+// firePath are the streams a fire writes to: the lease that entitles the
+// leader, the job, the schedule's state, the fired event.
+var firePath = []string{"KV_" + protocol.BucketLeases, protocol.StreamJobs, "KV_" + protocol.BucketScheduleState, protocol.StreamEvents}
+
+// The scheduler's defaults (config/scheduler.yaml) that bound a fire's
+// resumption when a stream it writes to elects a leader.
+const (
+	publishTimeout = scheduler.DefaultPublishTimeout
+	retryDelay     = scheduler.DefaultRetryDelay
+)
 
 // Scenario pauses: docker pause of the scheduler leader, of the supervisor
 // and of an agent, 15 s each.

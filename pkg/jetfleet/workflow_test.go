@@ -207,6 +207,7 @@ func TestWorkflowFanOutFailuresRetryAndOneAlert(t *testing.T) {
 	for len(alerts) > 0 {
 		al := <-alerts
 		assert.NotEqual(t, "final_failure", al.GetType(), "a step's dead letter is in its run's alert, not one of its own: %s", al.GetSummary())
+		assert.NotEqual(t, "workflow_failed:night-1:0", al.GetKey(), "one alert for the run's failures, not a second")
 	}
 }
 
