@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/jetfleet/jetfleet/pkg/clock"
@@ -39,6 +40,13 @@ type Config struct {
 	// OnChange is called, from the elector's goroutine, when leadership is
 	// gained or lost. It may be nil.
 	OnChange func(leading bool)
+	// Conn, when set, is KV's connection: a write waiting for its reply
+	// gives up when the connection moves to another server, and the next
+	// attempt goes out on the new one. A request sent on a connection that
+	// then went silent gets no reply even once the client has reconnected;
+	// waiting for it to the deadline cost a leader its lease (the cluster
+	// fault run's partition).
+	Conn *nats.Conn
 }
 
 // Elector holds or seeks the leader lease. It takes the key with Create
@@ -240,26 +248,50 @@ func (el *Elector) reclaim(ctx context.Context, now, until time.Time) (uint64, t
 }
 
 // write creates the key (rev 0) or updates it at rev, giving up at until
-// or after one attempt's time (attemptTimeout), whichever comes first.
+// or when the connection moves (Config.Conn). A write whose reply was lost
+// but which was stored shows as a revision mismatch at the next attempt,
+// and adopt takes it.
 func (el *Elector) write(ctx context.Context, rev uint64, acquiredAt, now, until time.Time) (uint64, error) {
 	val, _ := json.Marshal(Value{Holder: el.cfg.Holder, AcquiredAt: acquiredAt.UTC(), RenewedAt: now.UTC()})
-	wctx, cancel := context.WithTimeout(ctx, min(until.Sub(el.cfg.Clock.Now()), el.attemptTimeout()))
+	wctx, cancel := context.WithTimeout(ctx, until.Sub(el.cfg.Clock.Now()))
 	defer cancel()
+	if el.cfg.Conn != nil {
+		defer cancelOnReconnect(wctx, el.cfg.Conn, cancel)()
+	}
 	if rev == 0 {
 		return el.cfg.KV.Create(wctx, el.cfg.Key, val)
 	}
 	return el.cfg.KV.Update(wctx, el.cfg.Key, val, rev)
 }
 
-// attemptTimeout bounds one write of the lease: the renewal interval, at
-// least a quarter of the TTL. A request sent on a connection that then
-// went silent gets no reply, even once the client has reconnected to
-// another server; waiting for it to the deadline would cost the lease,
-// when a write sent again on the new connection keeps it. A write whose
-// reply was lost but which was stored shows as a revision mismatch at the
-// next attempt, and adopt takes it.
-func (el *Elector) attemptTimeout() time.Duration {
-	return max(el.cfg.Renew, el.cfg.TTL/4)
+// reconnectCheck is how often a waiting write looks for a reconnection.
+const reconnectCheck = 50 * time.Millisecond
+
+// cancelOnReconnect calls cancel if nc reconnects before ctx ends; the
+// returned func stops watching.
+func cancelOnReconnect(ctx context.Context, nc *nats.Conn, cancel context.CancelFunc) (stop func()) {
+	start := nc.Stats().Reconnects
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTicker(reconnectCheck)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-done:
+				return
+			case <-tick.C:
+				if nc.Stats().Reconnects != start {
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
 }
 
 func (el *Elector) stepDown(reason string) {

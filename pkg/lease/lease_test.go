@@ -216,8 +216,9 @@ func TestForeignLeaseIsNotTakenBack(t *testing.T) {
 // TestLeaseOutlivesItsServerGoingSilent: the leader's server stops
 // answering (a partition: no reset, no FIN) and the client moves to
 // another server. A renewal sent on the silent connection never gets its
-// reply; it must not hold the lease's fate until the deadline: the next
-// attempt, on the new connection, renews it, and leadership is never lost.
+// reply; it must not hold the lease's fate until the deadline: once the
+// connection has moved, the next attempt, on the new connection, renews
+// it, and leadership is never lost.
 func TestLeaseOutlivesItsServerGoingSilent(t *testing.T) {
 	t.Parallel()
 	// Renewals every 2.5 s, the deadline 8 s after the last one confirmed;
@@ -246,7 +247,7 @@ func TestLeaseOutlivesItsServerGoingSilent(t *testing.T) {
 	require.NoError(t, err)
 	ch := &changes{gained: make(chan struct{}, 1)}
 	el := New(Config{KV: kv, Key: "svc", Holder: "a", Role: "test", TTL: ttl, Renew: ttl / 4, Acquire: ttl / 20,
-		Log: fleettest.Logger(t), OnChange: ch.record})
+		Log: fleettest.Logger(t), OnChange: ch.record, Conn: nc})
 	runCtx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); el.Run(runCtx) }()

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
@@ -43,6 +44,8 @@ type Config struct {
 	// Leases is the bucket of leader leases; TTL its TTL (topology.lease_ttl).
 	Leases jetstream.KeyValue
 	TTL    time.Duration
+	// Conn is the connection of Leases (lease.Config.Conn).
+	Conn *nats.Conn
 	// Lease holds the key and timings (with defaults applied).
 	Lease lease.Settings
 	Log   *slog.Logger
@@ -88,7 +91,7 @@ func (r *Replica) Start(runner *lifecycle.Runner) {
 	r.runner = runner
 	r.el = lease.New(lease.Config{KV: r.cfg.Leases, Key: r.cfg.Lease.LeaseKey, Holder: r.holder, Role: r.cfg.Role,
 		TTL: r.cfg.TTL, Renew: r.cfg.Lease.RenewInterval, Acquire: r.cfg.Lease.AcquireInterval, Clock: clock.Real(),
-		Log: r.cfg.Log, OnChange: r.onChange})
+		Log: r.cfg.Log, OnChange: r.onChange, Conn: r.cfg.Conn})
 	runner.Go(r.el.Run)
 }
 

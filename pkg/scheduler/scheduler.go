@@ -134,7 +134,7 @@ func (s *Scheduler) Start(ctx context.Context) error {
 		_ = s.runner.Stop(ctx)
 		return fmt.Errorf("scheduler: stream of bucket %s: %w", protocol.BucketScheduleState, err)
 	}
-	s.rep = replica.New(replica.Config{Role: "scheduler", Name: s.env.Name, Leases: s.leases, TTL: s.leaseTTL,
+	s.rep = replica.New(replica.Config{Role: "scheduler", Name: s.env.Name, Leases: s.leases, TTL: s.leaseTTL, Conn: s.env.Conn,
 		Lease: s.cfg.Settings, Log: s.log, SetsLeading: true,
 		OnChange: func(leading bool) {
 			s.eng.send(runCtx, func(e *engine) { e.onLeadership(leading) })

@@ -164,7 +164,7 @@ func (s *Supervisor) Start(ctx context.Context) error {
 	if err := s.tracker.start(runCtx); err != nil {
 		return fail(fmt.Errorf("track agents: %w", err))
 	}
-	s.rep = replica.New(replica.Config{Role: "supervisor", Name: s.env.Name, Leases: s.leases, TTL: s.leaseTTL,
+	s.rep = replica.New(replica.Config{Role: "supervisor", Name: s.env.Name, Leases: s.leases, TTL: s.leaseTTL, Conn: s.env.Conn,
 		Lease: s.cfg.Settings, Log: s.log, OnChange: s.onLeadership, Tasks: s.leaderTasks()})
 	s.rep.Start(&s.runner)
 	s.runner.Go(s.checkLoop)
