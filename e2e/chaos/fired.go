@@ -13,9 +13,9 @@ import (
 
 // scheduleEvents is what the scheduler said about the run's schedules in
 // a window: when each (schedule, nominal second) was fired — the fired
-// event's store time, the first of each pair (a duplicate fire would show
-// as a second one; the effects count those) — and the nominal times it
-// declared missed.
+// event's time, set once JetStream had stored the job; the first of each
+// pair (a duplicate fire would show as a second one; the effects count
+// those) — and the nominal times it declared missed.
 type scheduleEvents struct {
 	fired  map[string]map[int64]time.Time
 	missed []string // "<schedule>@<nominal>" (×count)
@@ -68,8 +68,12 @@ func readScheduleEvents(ctx context.Context, js jetstream.JetStream, schedules [
 				byNominal = map[int64]time.Time{}
 				out.fired[ev.GetScheduleId()] = byNominal
 			}
-			if first, seen := byNominal[nominal.Unix()]; !seen || meta.Timestamp.Before(first) {
-				byNominal[nominal.Unix()] = meta.Timestamp
+			// The event's time, not its store time: the scheduler sets it once
+			// JetStream has stored the job; the event itself may wait longer
+			// (EVENTS electing a leader) without delaying the fire.
+			decided := ev.GetTime().AsTime()
+			if first, seen := byNominal[nominal.Unix()]; !seen || decided.Before(first) {
+				byNominal[nominal.Unix()] = decided
 			}
 		}
 		if err := batch.Error(); err != nil {
@@ -88,11 +92,11 @@ func (se scheduleEvents) latestFire(from, to time.Time) (time.Duration, time.Tim
 	var latest time.Duration
 	var at time.Time
 	for _, byNominal := range se.fired {
-		for sec, stored := range byNominal {
+		for sec, decided := range byNominal {
 			if sec < from.Unix() || sec > to.Unix() {
 				continue
 			}
-			if wait := stored.Sub(time.Unix(sec, 0)); wait > latest {
+			if wait := decided.Sub(time.Unix(sec, 0)); wait > latest {
 				latest, at = wait, time.Unix(sec, 0)
 			}
 		}

@@ -313,9 +313,10 @@ func runPartition(ctx context.Context, e *runEnv, s *stack, r *row) error {
 		if i+1 < len(cuts) {
 			end = cuts[i+1].at
 		}
-		// Fires resume when the scheduler decides them again: the fired
-		// event's store time, read back from EVENTS. The effect comes later
-		// by the job's trip through JOBS and an agent, which the cut also
+		// Fires resume when the scheduler has them stored again: the time
+		// in each fired event, read back from EVENTS, which the scheduler
+		// sets once JetStream has stored the job. The effect comes later by
+		// the job's trip through JOBS and an agent, which the cut also
 		// delays (an agent on the cut node reconnects; a stream led from
 		// there elects a new leader).
 		wait, at := lr.events.latestFire(c.at, c.healed)
@@ -323,11 +324,12 @@ func runPartition(ctx context.Context, e *runEnv, s *stack, r *row) error {
 		if len(c.led) > 0 {
 			// A stream a fire needs has no leader until NATS elects one, 4 to
 			// 9 s after the old one's last heartbeat; a fire published to it
-			// meanwhile gets no answer, and the scheduler sends it again
-			// publish_timeout + retry_delay after the first time.
-			limit = publishTimeout + retryDelay + 2*time.Second
-			why = fmt.Sprintf("the cut node led %s: its election, a fire's publish_timeout (%s) + retry_delay (%s) + 2 s",
-				strings.Join(c.led, " "), publishTimeout, retryDelay)
+			// meanwhile gets no answer at all, and the scheduler sends it
+			// again publish_timeout + retry_delay after the first time — at
+			// worst just before the election ended.
+			limit = raftElectionMax + publishTimeout + retryDelay + 2*time.Second
+			why = fmt.Sprintf("the cut node led %s: its election (≤ %s) + a fire's publish_timeout (%s) + retry_delay (%s) + 2 s",
+				strings.Join(c.led, " "), raftElectionMax, publishTimeout, retryDelay)
 		}
 		waits = append(waits, fmt.Sprintf("%s: fires decided ≤ %.1f s late while cut (%s; target %s)", c.what, wait.Seconds(), at.UTC().Format("15:04:05"), why))
 		if wait > limit {
@@ -354,9 +356,15 @@ type partitionCut struct {
 	led        []string // the streams of firePath the cut node led
 }
 
-// firePath are the streams a fire writes to: the lease that entitles the
-// leader, the job, the schedule's state, the fired event.
-var firePath = []string{"KV_" + protocol.BucketLeases, protocol.StreamJobs, "KV_" + protocol.BucketScheduleState, protocol.StreamEvents}
+// firePath are the streams a fire needs before its job is stored: the
+// lease that entitles the leader, the schedules' state a new leader
+// reads, the job's stream.
+var firePath = []string{"KV_" + protocol.BucketLeases, "KV_" + protocol.BucketScheduleState, protocol.StreamJobs}
+
+// raftElectionMax is nats-server's longest election timeout (raft.go,
+// maxElectionTimeoutDefault, not configurable): a stream whose leader is
+// cut off has a new one at most this long after its last heartbeat.
+const raftElectionMax = 9 * time.Second
 
 // The scheduler's defaults (config/scheduler.yaml) that bound a fire's
 // resumption when a stream it writes to elects a leader.
