@@ -242,17 +242,25 @@ func waitFiredRun(ctx context.Context, client *jetfleet.Client, workflow, jobID 
 		}
 		return nil, err
 	}
-	runs, err := client.WorkflowRuns(wctx, jetfleet.WorkflowRunsRequest{Workflow: workflow, Limit: jetfleet.MaxWorkflowRunsLimit})
-	if err != nil {
-		return nil, err
-	}
-	for _, r := range runs {
-		if r.JobID == jobID {
-			// Its job's end is published just before the run is stored as ended.
-			return client.WaitWorkflowRun(wctx, r.RunID)
+	// The leader reports the run's end (the job's among it) before it
+	// stores the ended run (docs/workflows.md): the run may be listed a
+	// moment after the job's end, and ended a moment after that.
+	for {
+		runs, err := client.WorkflowRuns(wctx, jetfleet.WorkflowRunsRequest{Workflow: workflow, Limit: jetfleet.MaxWorkflowRunsLimit})
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range runs {
+			if r.JobID == jobID {
+				return client.WaitWorkflowRun(wctx, r.RunID)
+			}
+		}
+		select {
+		case <-wctx.Done():
+			return nil, fmt.Errorf("job %s is over but no run of workflow %s stands for it", jobID, workflow)
+		case <-time.After(100 * time.Millisecond): // the listing has no change feed to wait on
 		}
 	}
-	return nil, fmt.Errorf("job %s is over but no run of workflow %s stands for it", jobID, workflow)
 }
 
 // printDemoRun prints the run's outcome, each failed file with its error
