@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -321,15 +322,25 @@ func runPartition(ctx context.Context, e *runEnv, s *stack, r *row) error {
 		// there elects a new leader).
 		wait, at := lr.events.latestFire(c.at, c.healed)
 		limit, why := leaseTTL+2*time.Second, "lease TTL + 2 s"
-		if len(c.led) > 0 {
-			// A stream a fire needs has no leader until NATS elects one, 4 to
-			// 9 s after the old one's last heartbeat; a fire published to it
-			// meanwhile gets no answer at all, and the scheduler sends it
-			// again publish_timeout + retry_delay after the first time — at
-			// worst just before the election ended.
-			limit = raftElectionMax + publishTimeout + retryDelay + 2*time.Second
-			why = fmt.Sprintf("the cut node led %s: its election (≤ %s) + a fire's publish_timeout (%s) + retry_delay (%s) + 2 s",
-				strings.Join(c.led, " "), raftElectionMax, publishTimeout, retryDelay)
+		switch {
+		case slices.Contains(c.led, firePath[0]):
+			// The lease bucket has no leader until NATS elects one, 4 to 9 s
+			// after the old one's last heartbeat. The leader's renewals go
+			// unanswered meanwhile and it steps down at its deadline; a
+			// lease write sent just before the election ended waits out its
+			// own deadline (at most the TTL) before the next is sent, and the
+			// new leader then loads the schedules before its first tick.
+			limit = raftElectionMax + leaseTTL + 3*time.Second
+			why = fmt.Sprintf("the cut node led %s: its election (≤ %s) + a lease write's wait (≤ lease TTL) + 3 s",
+				strings.Join(c.led, " "), raftElectionMax)
+		case len(c.led) > 0:
+			// A stream a fire writes to has no leader until NATS elects one;
+			// what is published to it meanwhile gets no answer at all, and
+			// the scheduler sends its batch's unanswered fires and state
+			// writes again after resend_after without any answer.
+			limit = raftElectionMax + resendAfter + 2*time.Second
+			why = fmt.Sprintf("the cut node led %s: its election (≤ %s) + resend_after (%s) + 2 s",
+				strings.Join(c.led, " "), raftElectionMax, resendAfter)
 		}
 		waits = append(waits, fmt.Sprintf("%s: fires decided ≤ %.1f s late while cut (%s; target %s)", c.what, wait.Seconds(), at.UTC().Format("15:04:05"), why))
 		if wait > limit {
@@ -366,12 +377,9 @@ var firePath = []string{"KV_" + protocol.BucketLeases, "KV_" + protocol.BucketSc
 // cut off has a new one at most this long after its last heartbeat.
 const raftElectionMax = 9 * time.Second
 
-// The scheduler's defaults (config/scheduler.yaml) that bound a fire's
-// resumption when a stream it writes to elects a leader.
-const (
-	publishTimeout = scheduler.DefaultPublishTimeout
-	retryDelay     = scheduler.DefaultRetryDelay
-)
+// resendAfter is the scheduler's default (config/scheduler.yaml) that
+// bounds a fire's resumption when a stream it writes to elects a leader.
+const resendAfter = scheduler.DefaultResendAfter
 
 // Scenario pauses: docker pause of the scheduler leader, of the supervisor
 // and of an agent, 15 s each.

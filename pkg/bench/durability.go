@@ -18,6 +18,10 @@ type durabilitySetting struct {
 	opts  serverOptions
 	// target of jetfleet's end-to-end rate over raw JetStream's (issue 22).
 	target *Target
+	// heapTarget of the most jetfleet's phases made the heap grow over
+	// what raw JetStream's did (issue 22: within 1.5× where every write is
+	// synced).
+	heapTarget *Target
 }
 
 // durabilitySettings are the settings production chooses between: the
@@ -30,10 +34,14 @@ type durabilitySetting struct {
 var durabilitySettings = []durabilitySetting{
 	{key: "default_sync", label: "default sync interval", opts: serverOptions{embeddedOnly: true}},
 	{key: "sync_always", label: "sync_interval always", opts: serverOptions{embeddedOnly: true, syncAlways: true,
-		topology: syncedTopology}, target: &Target{AtLeast: true, Value: 0.9}},
+		topology: syncedTopology}, target: &Target{AtLeast: true, Value: 0.9}, heapTarget: syncedHeapTarget},
 	{key: "r3_sync_always", label: "3 nodes R3, sync_interval always", opts: serverOptions{embeddedOnly: true, syncAlways: true, nodes: 3,
-		topology: syncedTopology}, target: &Target{AtLeast: true, Value: 0.8}},
+		topology: syncedTopology}, target: &Target{AtLeast: true, Value: 0.8}, heapTarget: syncedHeapTarget},
 }
+
+// syncedHeapTarget: with every write synced, jetfleet's phases make the
+// heap grow at most 1.5× as much as raw JetStream's (issue 22).
+var syncedHeapTarget = &Target{Value: 1.5}
 
 // syncedTopology is jetfleet's layout for a server that syncs every write.
 var syncedTopology = topology.Config{EventBatches: topology.EventBatchesAtomic}
@@ -75,6 +83,12 @@ func (b *bencher) durability(ctx context.Context, run int) error {
 		b.record(ScenarioDurability, s.figure("end_to_end_rate_raw", "end to end, raw", UnitRate, nil), res.raw)
 		b.record(ScenarioDurability, s.figure("end_to_end_rate", "end to end, jetfleet", UnitRate, nil), res.jetfleet)
 		b.record(ScenarioDurability, s.figure("end_to_end_ratio", "end to end, jetfleet / raw", UnitRatio, s.target), res.jetfleet/res.raw)
+		b.record(ScenarioDurability, s.figure("heap_growth_raw", "most the heap grew, raw (servers in the process)", UnitBytes, nil), res.rawHeap)
+		b.record(ScenarioDurability, s.figure("heap_growth", "most the heap grew, jetfleet (servers in the process)", UnitBytes, nil), res.ourHeap)
+		if res.rawHeap > 0 {
+			b.record(ScenarioDurability, s.figure("heap_growth_ratio", "most the heap grew, jetfleet / raw", UnitRatio, s.heapTarget), res.ourHeap/res.rawHeap)
+		}
+		b.record(ScenarioDurability, s.figure("agent_stop", "agents' Stop after a phase, longest", UnitMs, nil), float64(res.stop)/float64(time.Millisecond))
 		b.record(ScenarioDurability, s.figure("writes_per_job_raw", "store writes per job, raw", UnitWrites, nil), res.rawWrites.total())
 		b.record(ScenarioDurability, s.figure("writes_per_job", "store writes per job, jetfleet", UnitWrites, nil), res.ourWrites.total())
 		for _, part := range []struct {
@@ -88,8 +102,9 @@ func (b *bencher) durability(ctx context.Context, run int) error {
 		} {
 			b.record(ScenarioDurability, s.figure(part.key, "store writes per job, jetfleet: "+part.label, UnitWrites, nil), part.v)
 		}
-		b.progress("durability run %d, %s: end to end %s jobs/s, raw %s jobs/s (%.2f×); jetfleet %s, raw %s", run, s.label,
-			formatValue(res.jetfleet, UnitRate), formatValue(res.raw, UnitRate), res.jetfleet/res.raw, res.ourWrites, res.rawWrites)
+		b.progress("durability run %d, %s: end to end %s jobs/s, raw %s jobs/s (%.2f×); jetfleet %s, raw %s; heap grew %s, raw %s",
+			run, s.label, formatValue(res.jetfleet, UnitRate), formatValue(res.raw, UnitRate), res.jetfleet/res.raw, res.ourWrites, res.rawWrites,
+			formatValue(res.ourHeap, UnitBytes), formatValue(res.rawHeap, UnitBytes))
 	}
 	b.record(ScenarioDurability, figDurEnqRatio, enq[1]/enq[0])
 	b.record(ScenarioDurability, figDurE2ERatio, e2e[1]/e2e[0])
@@ -101,6 +116,8 @@ func (b *bencher) durability(ctx context.Context, run int) error {
 type durabilityResult struct {
 	enqueue, raw, jetfleet float64
 	rawWrites, ourWrites   storeWrites
+	rawHeap, ourHeap       float64 // the most the heap grew in a phase, bytes
+	stop                   time.Duration
 }
 
 // durabilityRun runs the phases of one setting on a server (or cluster)
@@ -114,7 +131,8 @@ func (b *bencher) durabilityRun(ctx context.Context, s durabilitySetting) (durab
 		return res, err
 	}
 	defer rs.close(ctx)
-	tp := &throughputRun{b: b, rs: rs, n: b.cfg.DurabilityJobs, payload: workload.Payload(b.cfg.PayloadSize), countWrites: true}
+	tp := &throughputRun{b: b, rs: rs, n: b.cfg.DurabilityJobs, payload: workload.Payload(b.cfg.PayloadSize), countWrites: true,
+		followHeap: true}
 	if s.opts.syncAlways {
 		tp.perJob = syncedPerJob
 	}
@@ -136,5 +154,6 @@ func (b *bencher) durabilityRun(ctx context.Context, s durabilitySetting) (durab
 		return res, err
 	}
 	res.raw, res.jetfleet, res.rawWrites, res.ourWrites = rates[0], rates[1], tp.rawWrites, tp.agentWrites
+	res.rawHeap, res.ourHeap, res.stop = tp.rawHeap, tp.agentHeap, tp.agentStop
 	return res, nil
 }

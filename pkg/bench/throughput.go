@@ -181,6 +181,26 @@ type throughputRun struct {
 	// rawWrites and agentWrites (the durability scenario's figures).
 	countWrites            bool
 	rawWrites, agentWrites storeWrites
+	// followHeap makes each end-to-end phase record the most the heap grew
+	// (heapPeak) into rawHeap and agentHeap: the larger of a line's phases.
+	followHeap         bool
+	rawHeap, agentHeap float64
+	// agentStop is the longest the agents' Stop took after a phase (its
+	// grace in the bench is 30 s, past which the run fails).
+	agentStop time.Duration
+}
+
+// heapPeak starts following the live heap of a phase, if the run asks for
+// it; the returned func records the most it grew over its size at the
+// start into into. The servers run in the bench's process, so the growth
+// holds theirs too: compare it between the lines of one run.
+func (tp *throughputRun) heapPeak(into *float64) func() {
+	if !tp.followHeap {
+		return func() {}
+	}
+	base := liveHeap()
+	h := startHeapPeak()
+	return func() { *into = max(*into, float64(h.stop())-base) }
 }
 
 // timeout bounds one phase of the run.
@@ -271,6 +291,7 @@ func (tp *throughputRun) rawRate(ctx context.Context, queue string, produce, wit
 		return 0, err
 	}
 	runtime.GC()
+	endHeap := tp.heapPeak(&tp.rawHeap)
 	var start time.Time
 	if produce {
 		if err := raw.start(ctx); err != nil {
@@ -293,6 +314,7 @@ func (tp *throughputRun) rawRate(ctx context.Context, queue string, produce, wit
 	if err := waitQueueEmpty(ctx, js, queue); err != nil {
 		return 0, err
 	}
+	endHeap()
 	if tp.rawWrites, err = tally.writes(ctx, tp.n); err != nil {
 		return 0, err
 	}
@@ -327,6 +349,7 @@ func (tp *throughputRun) agentRate(ctx context.Context, queue string, produce bo
 		return 0, err
 	}
 	runtime.GC()
+	endHeap := tp.heapPeak(&tp.agentHeap)
 	var start time.Time
 	if produce {
 		if err := fleet.start(ctx); err != nil {
@@ -352,6 +375,8 @@ func (tp *throughputRun) agentRate(ctx context.Context, queue string, produce bo
 	if err := fleet.stop(ctx); err != nil {
 		return 0, fmt.Errorf("stop agents: %w", err)
 	}
+	tp.agentStop = max(tp.agentStop, time.Since(end))
+	endHeap() // after Stop: what the agents held until their last events were stored counts
 	// After Stop: the agents' last events and acks are stored.
 	if tp.agentWrites, err = tally.writes(ctx, tp.n); err != nil {
 		return 0, err

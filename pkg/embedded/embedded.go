@@ -52,6 +52,11 @@ type ClusterOptions struct {
 	Port int
 	// Routes are nats-route:// URLs of the other servers.
 	Routes []string
+	// Advertise is the host:port this server tells the others to route to
+	// when they learn of it through a third server (an implicit route);
+	// empty means its own. Tests that route through proxies point it at a
+	// closed port, so that no route bypasses them.
+	Advertise string
 }
 
 // Start runs a server and waits until it accepts connections and JetStream
@@ -96,6 +101,7 @@ func Start(opts Options) (*server.Server, error) {
 			sopts.Cluster.Host = sopts.Host
 		}
 		sopts.Cluster.Port = opts.Cluster.Port
+		sopts.Cluster.Advertise = opts.Cluster.Advertise
 		for _, r := range opts.Cluster.Routes {
 			u, err := url.Parse(r)
 			if err != nil {

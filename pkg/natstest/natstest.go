@@ -80,6 +80,9 @@ func JetStream(t testing.TB, srv *server.Server) (*nats.Conn, jetstream.JetStrea
 // Cluster is an in-process JetStream cluster.
 type Cluster struct {
 	Servers []*server.Server
+	// routeProxies carries each node's routes to each other node, keyed by
+	// (from, to); only in a cluster from StartPartitionableCluster.
+	routeProxies map[[2]int]*Proxy
 }
 
 // URLs is a comma-separated list of every server's client URL, ready for nats.Connect.
@@ -99,14 +102,77 @@ func (c *Cluster) URLs() string {
 // down when the test ends.
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
-	ports := make([]int, n)
+	ports := clusterPorts(t, n)
 	routes := make([]string, n)
+	for i, port := range ports {
+		routes[i] = fmt.Sprintf("nats-route://127.0.0.1:%d", port)
+	}
+	return startCluster(t, ports, func(int) []string { return routes }, "", nil)
+}
+
+// StartPartitionableCluster is StartCluster with every route from one node
+// to another through a proxy of its own, so that a test can cut a node off
+// from the others (Cut) the way a network partition does: the node and its
+// clients keep running, and nothing passes between it and the other nodes
+// until Heal. Routes a node learns of through another node (implicit ones)
+// would bypass the proxies, so every node advertises a closed port for them.
+func StartPartitionableCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	ports := clusterPorts(t, n)
+	proxies := make(map[[2]int]*Proxy, n*(n-1))
+	for from := range n {
+		for to := range n {
+			if from != to {
+				proxies[[2]int{from, to}] = NewProxy(t, fmt.Sprintf("127.0.0.1:%d", ports[to]))
+			}
+		}
+	}
+	routesOf := func(from int) []string {
+		var routes []string
+		for to := range n {
+			if p := proxies[[2]int{from, to}]; p != nil {
+				routes = append(routes, "nats-route://"+p.ln.Addr().String())
+			}
+		}
+		return routes
+	}
+	return startCluster(t, ports, routesOf, fmt.Sprintf("127.0.0.1:%d", freePort(t)), proxies)
+}
+
+// Cut freezes every route between node i and the other nodes, in both
+// directions: the others elect new leaders for what it led once their
+// election timeouts pass.
+func (c *Cluster) Cut(i int) { c.eachRouteOf(i, (*Proxy).Pause) }
+
+// Heal lets the routes of node i pass again, what they held first.
+func (c *Cluster) Heal(i int) { c.eachRouteOf(i, (*Proxy).Unpause) }
+
+func (c *Cluster) eachRouteOf(i int, do func(*Proxy)) {
+	if c.routeProxies == nil {
+		panic("natstest: Cut and Heal need a cluster from StartPartitionableCluster")
+	}
+	for pair, p := range c.routeProxies {
+		if pair[0] == i || pair[1] == i {
+			do(p)
+		}
+	}
+}
+
+func clusterPorts(t testing.TB, n int) []int {
+	ports := make([]int, n)
 	for i := range ports {
 		ports[i] = freePort(t)
-		routes[i] = fmt.Sprintf("nats-route://127.0.0.1:%d", ports[i])
 	}
+	return ports
+}
+
+// startCluster starts a node per route port, node i routing to
+// routesOf(i), and waits until the cluster can place a stream on each.
+func startCluster(t testing.TB, ports []int, routesOf func(i int) []string, advertise string, proxies map[[2]int]*Proxy) *Cluster {
+	t.Helper()
+	n := len(ports)
 	name := fmt.Sprintf("jf-%d", time.Now().UnixNano())
-	c := &Cluster{}
+	c := &Cluster{routeProxies: proxies}
 	type result struct {
 		i   int
 		srv *server.Server
@@ -117,7 +183,7 @@ func StartCluster(t testing.TB, n int) *Cluster {
 		go func() {
 			srv, err := embedded.Start(embedded.Options{
 				Port: -1, StoreDir: t.TempDir(), ServerName: fmt.Sprintf("%s-n%d", name, i),
-				Cluster:      embedded.ClusterOptions{Name: name, Port: ports[i], Routes: routes},
+				Cluster:      embedded.ClusterOptions{Name: name, Port: ports[i], Routes: routesOf(i), Advertise: advertise},
 				ReadyTimeout: 30 * time.Second,
 			})
 			results <- result{i, srv, err}
@@ -139,6 +205,13 @@ func StartCluster(t testing.TB, n int) *Cluster {
 			srv.WaitForShutdown()
 		}
 	})
+	if proxies != nil {
+		t.Cleanup(func() { // before the nodes shut down: a node does not wait on a frozen route
+			for _, p := range proxies {
+				p.Unpause()
+			}
+		})
+	}
 	c.WaitForMetaLeader(t, 30*time.Second)
 	c.WaitForPlacement(t, 30*time.Second)
 	return c

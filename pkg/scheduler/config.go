@@ -27,6 +27,11 @@ type Config struct {
 	// PublishTimeout bounds the wait for JetStream to acknowledge a batch of
 	// fires. Defaults to 10s.
 	PublishTimeout time.Duration `koanf:"publish_timeout"`
+	// ResendAfter is how long a batch waits with no answer at all before it
+	// sends its unanswered messages again (each is stored at most once): a
+	// stream electing a new leader drops what is sent to it meanwhile.
+	// Defaults to 2s; at or above publish_timeout nothing is sent again.
+	ResendAfter time.Duration `koanf:"resend_after"`
 	// RetryDelay is the wait before a schedule whose fire could not be
 	// published is tried again. Defaults to 1s.
 	RetryDelay time.Duration `koanf:"retry_delay"`
@@ -51,6 +56,7 @@ const (
 	DefaultLeaseKey         = "scheduler"
 	DefaultMisfireThreshold = 10 * time.Second
 	DefaultPublishTimeout   = 10 * time.Second
+	DefaultResendAfter      = 2 * time.Second
 	DefaultRetryDelay       = time.Second
 	DefaultMaxBackfill      = 1000
 	DefaultLostRunGrace     = time.Minute
@@ -75,6 +81,9 @@ func (c Config) withDefaults(leaseTTL time.Duration) Config {
 	if c.PublishTimeout == 0 {
 		c.PublishTimeout = DefaultPublishTimeout
 	}
+	if c.ResendAfter == 0 {
+		c.ResendAfter = DefaultResendAfter
+	}
 	if c.RetryDelay == 0 {
 		c.RetryDelay = DefaultRetryDelay
 	}
@@ -93,7 +102,7 @@ func (c Config) Validate(section string, leaseTTL time.Duration) error {
 	errs := c.Settings.Validate(key, leaseTTL)
 	for k, d := range map[string]time.Duration{
 		"misfire_threshold": c.MisfireThreshold,
-		"publish_timeout":   c.PublishTimeout, "retry_delay": c.RetryDelay, "lost_run_grace": c.LostRunGrace,
+		"publish_timeout":   c.PublishTimeout, "resend_after": c.ResendAfter, "retry_delay": c.RetryDelay, "lost_run_grace": c.LostRunGrace,
 	} {
 		if d < 0 {
 			errs = append(errs, config.Invalid(key(k), "must not be negative, got %s", d))

@@ -77,7 +77,7 @@ type fireReq struct {
 	span    trace.Span
 	traceID string
 	sent    time.Time
-	future  jetstream.PubAckFuture
+	future  *pendingPub
 	ack     *jetstream.PubAck
 	err     error
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"math"
 	"slices"
 	"strings"
@@ -49,7 +50,7 @@ func (e *engine) flush() {
 	if len(b.touched) == 0 && len(b.events) == 0 {
 		return
 	}
-	w := newBatchWait(e.ctx, e.s.cfg.PublishTimeout)
+	w := newBatchWait(e)
 	defer w.stop()
 	e.publishFires(w)
 	now := e.s.clk.Now()
@@ -61,41 +62,138 @@ func (e *engine) flush() {
 // batchWait waits for the answers of one flush, all of them bounded by one
 // deadline: once it passed (or the engine stops), what has not arrived yet
 // is taken as unknown at once.
+//
+// While no answer at all arrives for resendAfter, it sends every message
+// of the batch still unanswered again. A stream whose leader's node was cut
+// off or killed elects another leader within seconds, and drops what is
+// sent to it meanwhile without an answer: without the resend a fire would
+// wait out the whole deadline (scheduler.publish_timeout) and then
+// retry_delay. A copy sent again is stored at most once: fires and events
+// carry a Nats-Msg-Id, and a state write its expected revision (a second
+// copy meets a revision conflict, and the state is read back). Any answer
+// restarts the wait, so a server that is slow but answering gets no copies.
 type batchWait struct {
-	ctx      context.Context
-	deadline *time.Timer
-	timedOut bool
+	ctx         context.Context
+	js          jetstream.JetStream
+	log         *slog.Logger
+	deadline    *time.Timer
+	timedOut    bool
+	resendAfter time.Duration
+	lastAnswer  time.Time
+	sent        []*pendingPub // in the order sent; answered ones are skipped
+	resends     int           // rounds of resending in this batch
 }
 
-func newBatchWait(ctx context.Context, timeout time.Duration) *batchWait {
-	return &batchWait{ctx: ctx, deadline: time.NewTimer(timeout)}
+// pendingPub is one message of a batch and the futures of its copies.
+type pendingPub struct {
+	msg      *nats.Msg
+	opts     []jetstream.PublishOpt
+	futures  []jetstream.PubAckFuture // the first copy, then each one sent again
+	answered bool
+	ack      *jetstream.PubAck
+	err      error
+}
+
+func newBatchWait(e *engine) *batchWait {
+	return &batchWait{ctx: e.ctx, js: e.s.js, log: e.s.log, deadline: time.NewTimer(e.s.cfg.PublishTimeout),
+		resendAfter: e.s.cfg.ResendAfter, lastAnswer: time.Now()}
 }
 
 func (w *batchWait) stop() { w.deadline.Stop() }
 
-func (w *batchWait) wait(f jetstream.PubAckFuture) (*jetstream.PubAck, error) {
-	if w.timedOut {
+// send publishes msg asynchronously as part of the batch.
+func (w *batchWait) send(msg *nats.Msg, opts ...jetstream.PublishOpt) (*pendingPub, error) {
+	f, err := w.js.PublishMsgAsync(msg, opts...)
+	if err != nil {
+		return nil, err
+	}
+	p := &pendingPub{msg: msg, opts: opts, futures: []jetstream.PubAckFuture{f}}
+	w.sent = append(w.sent, p)
+	return p, nil
+}
+
+// settle records p's answer.
+func (w *batchWait) settle(p *pendingPub, ack *jetstream.PubAck, err error) {
+	p.answered, p.ack, p.err = true, ack, err
+	w.lastAnswer = time.Now()
+}
+
+// poll takes p's answer if one of its copies has one, without waiting. An
+// error counts only from the last copy: an earlier copy's error (its own
+// timeout) says nothing about the copy sent after it.
+func (w *batchWait) poll(p *pendingPub) bool {
+	if p.answered {
+		return true
+	}
+	last := len(p.futures) - 1
+	for i, f := range p.futures {
 		select {
 		case ack := <-f.Ok():
-			return ack, nil
-		case err := <-f.Err():
-			return nil, err
+			w.settle(p, ack, nil)
+			return true
 		default:
-			return nil, jetstream.ErrAsyncPublishTimeout
+		}
+		if i == last {
+			select {
+			case err := <-f.Err():
+				w.settle(p, nil, err)
+				return true
+			default:
+			}
 		}
 	}
-	select {
-	case ack := <-f.Ok():
-		return ack, nil
-	case err := <-f.Err():
-		return nil, err
-	case <-w.deadline.C:
-		w.timedOut = true
-		return nil, jetstream.ErrAsyncPublishTimeout
-	case <-w.ctx.Done():
-		w.timedOut = true
-		return nil, w.ctx.Err()
+	return false
+}
+
+func (w *batchWait) wait(p *pendingPub) (*jetstream.PubAck, error) {
+	for !w.poll(p) {
+		if w.timedOut {
+			return nil, jetstream.ErrAsyncPublishTimeout
+		}
+		first, last := p.futures[0], p.futures[len(p.futures)-1]
+		stall := time.NewTimer(time.Until(w.lastAnswer.Add(w.resendAfter)))
+		select {
+		case ack := <-first.Ok():
+			w.settle(p, ack, nil)
+		case ack := <-last.Ok():
+			w.settle(p, ack, nil)
+		case err := <-last.Err():
+			w.settle(p, nil, err)
+		case <-stall.C:
+			w.resendUnanswered()
+		case <-w.deadline.C:
+			w.timedOut = true
+		case <-w.ctx.Done():
+			w.timedOut = true
+			stall.Stop()
+			return nil, w.ctx.Err()
+		}
+		stall.Stop()
 	}
+	return p.ack, p.err
+}
+
+// resendUnanswered sends every unanswered message of the batch again and
+// restarts the wait for an answer.
+func (w *batchWait) resendUnanswered() {
+	n := 0
+	for _, p := range w.sent {
+		if w.poll(p) {
+			continue
+		}
+		f, err := w.js.PublishMsgAsync(p.msg, p.opts...)
+		if err != nil {
+			continue // the copies already sent may still be answered
+		}
+		p.futures = append(p.futures, f)
+		n++
+	}
+	w.resends++
+	if n > 0 && w.resends == 1 {
+		w.log.Info("no answer from JetStream for a while (a stream electing a leader?); sending the batch's unanswered messages again",
+			"messages", n, "after", w.resendAfter)
+	}
+	w.lastAnswer = time.Now()
 }
 
 // publishFires publishes every job of the batch (Nats-Msg-Id = job id),
@@ -124,7 +222,7 @@ func (e *engine) publishFires(w *batchWait) {
 		telemetry.Inject(spanCtx, msg.Header)
 		f.span, f.traceID = span, telemetry.TraceID(spanCtx)
 		f.sent = s.clk.Now()
-		if f.future, err = s.js.PublishMsgAsync(msg); err != nil {
+		if f.future, err = w.send(msg); err != nil {
 			f.err = err
 			f.en.flags |= flagFailed
 		}
@@ -183,7 +281,7 @@ func (e *engine) writeStates(w *batchWait, now time.Time) {
 	b, s, ctx := &e.b, e.s, e.ctx
 	type stateWrite struct {
 		en     *entry
-		future jetstream.PubAckFuture
+		future *pendingPub
 	}
 	var writes []stateWrite
 	fenced := !e.leading()
@@ -196,8 +294,8 @@ func (e *engine) writeStates(w *batchWait, now time.Time) {
 		}
 		data, err := json.Marshal(en.work.toState(en.id, now))
 		if err == nil {
-			var fut jetstream.PubAckFuture
-			fut, err = s.js.PublishMsgAsync(&nats.Msg{Subject: s.stateSubject(en.id), Data: data},
+			var fut *pendingPub
+			fut, err = w.send(&nats.Msg{Subject: s.stateSubject(en.id), Data: data},
 				jetstream.WithExpectLastSequencePerSubject(en.stRev))
 			if err == nil {
 				writes = append(writes, stateWrite{en, fut})
@@ -228,7 +326,7 @@ func (e *engine) writeStates(w *batchWait, now time.Time) {
 // schedules whose state is stored.
 func (e *engine) publishEvents(w *batchWait) {
 	b, s, ctx := &e.b, e.s, e.ctx
-	var events []jetstream.PubAckFuture
+	var events []*pendingPub
 	for _, ev := range b.events {
 		if ev.en.flags&(flagFailed|flagReload|flagDeleted) != 0 {
 			continue
@@ -239,7 +337,7 @@ func (e *engine) publishEvents(w *batchWait) {
 			continue
 		}
 		m := &nats.Msg{Subject: ev.subject, Data: data, Header: nats.Header{protocol.HeaderMsgID: {ev.msgID}}}
-		if fut, err := s.js.PublishMsgAsync(m); err == nil {
+		if fut, err := w.send(m); err == nil {
 			events = append(events, fut)
 		} else {
 			s.log.Warn("schedule event not published", "subject", ev.subject, telemetry.LogError, err)

@@ -1,13 +1,16 @@
 package scheduler_test
 
 import (
+	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
@@ -429,4 +432,78 @@ func TestFireWithUnknownOutcomeIsResolvedNotMissed(t *testing.T) {
 	}
 	assert.Equal(t, 1, count["sched.unsure.1780308001"])
 	assert.Len(t, count, 12)
+}
+
+// TestFiresResumeSoonAfterTheJobsStreamElects: the node that leads JOBS in
+// a three-node cluster is cut off from the others while the scheduler
+// leader, connected to another node, fires every second. JOBS drops what is
+// published to it, without an answer, until the other two nodes have
+// elected a leader. The scheduler leader sends its batch's unanswered fires
+// again after resend_after with no answer, so fires are stored within
+// resend_after of the election, not after publish_timeout (30 s here).
+func TestFiresResumeSoonAfterTheJobsStreamElects(t *testing.T) {
+	t.Parallel()
+	cluster := natstest.StartPartitionableCluster(t, 3)
+	const survivor = 0
+	// A lease that outlives the elections: only JOBS's election is measured.
+	f := newFleetURL(t, cluster.Servers[survivor].ClientURL(), topology.Config{Replicas: 3, LeaseTTL: 30 * time.Second})
+	c := ctx(t, 2*time.Minute)
+	jobs, err := f.js.Stream(c, protocol.StreamJobs)
+	require.NoError(t, err)
+	jobsLeader := func() string { // empty while JOBS has no leader, or none that answers
+		rc, cancel := context.WithTimeout(c, time.Second)
+		defer cancel()
+		info, err := jobs.Info(rc)
+		if err != nil || info.Cluster == nil {
+			return ""
+		}
+		return info.Cluster.Leader
+	}
+	survivorName := cluster.Servers[survivor].Name()
+	for range 5 { // the cut node must lead JOBS, and the scheduler's node must not be it
+		if l := jobsLeader(); l != "" && l != survivorName {
+			break
+		}
+		_, err := f.nc.Request("$JS.API.STREAM.LEADER.STEPDOWN."+protocol.StreamJobs, nil, 5*time.Second)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return jobsLeader() != "" }, 10*time.Second, 20*time.Millisecond)
+	}
+	victim := slices.IndexFunc(cluster.Servers, func(s *server.Server) bool { return s.Name() == jobsLeader() })
+	require.Positive(t, victim, "JOBS is led by a node other than the scheduler's")
+
+	const publishTimeout, resendAfter = 30 * time.Second, 2 * time.Second
+	r := f.replica(scheduler.Config{PublishTimeout: publishTimeout, ResendAfter: resendAfter, MisfireThreshold: time.Minute}, clock.Real())
+	waitLeading(t, r)
+	_, err = f.client.AddSchedule(c, interval("beat", time.Second, "echo"))
+	require.NoError(t, err)
+	lastStored := func() time.Time { // zero while JOBS has no leader to answer
+		rc, cancel := context.WithTimeout(c, time.Second)
+		defer cancel()
+		m, err := jobs.GetLastMsgForSubject(rc, protocol.JobSubject("default", "echo"))
+		if err != nil {
+			return time.Time{}
+		}
+		return m.Time
+	}
+	require.Eventually(t, func() bool { return !lastStored().IsZero() }, 10*time.Second, 50*time.Millisecond, "the schedule fires")
+
+	cluster.Cut(victim)
+	cut := time.Now()
+	var elected time.Time
+	require.Eventually(t, func() bool { // polling the stream's state: the server sends no event for an election
+		if l := jobsLeader(); l == "" || l == cluster.Servers[victim].Name() {
+			return false
+		}
+		elected = time.Now()
+		return true
+	}, time.Minute, 50*time.Millisecond, "JOBS elects another leader")
+	var resumed time.Time
+	require.Eventually(t, func() bool {
+		resumed = lastStored()
+		return resumed.After(cut)
+	}, time.Minute, 20*time.Millisecond, "fires resume")
+	t.Logf("JOBS elected %s after the cut; fires stored %s after the election", elected.Sub(cut).Round(time.Millisecond),
+		resumed.Sub(elected).Round(time.Millisecond))
+	assert.Less(t, resumed.Sub(elected), resendAfter+2*time.Second, "fires resumed late after the election")
+	assert.True(t, r.IsLeader())
 }
