@@ -14,16 +14,20 @@ import (
 // answer (the ack, or the TERM after its dead letter) once the server
 // confirms the event is stored — pipelined: the job's goroutine does not
 // wait, while the agent counts such jobs and pulls fewer once too many wait
-// (see backedUp). An event that cannot be stored leaves the job unanswered
-// for good: it is handed back, and its next delivery finds what did get
-// stored (docs/protocol.md §3.3).
-func (a *Agent) answerOnceStored(ex *execution, ev *jetfleetpb.JobEvent, answer func(*execution)) {
+// (see backedUp). An answer the server confirms in turn (the ack, a double
+// ack) keeps the job counted until that confirmation, so unconfirmed acks
+// hold the agent back too; answer reports whether it awaits one. An event
+// that cannot be stored leaves the job unanswered for good: it is handed
+// back, and its next delivery finds what did get stored (docs/protocol.md
+// §3.3).
+func (a *Agent) answerOnceStored(ex *execution, ev *jetfleetpb.JobEvent, answer func(*execution) (confirming bool)) {
 	ex.awaitsOutcome = true
 	a.beginAwaiting(ex)
 	a.recorder.eventThen(ev, func(stored bool) {
+		confirming := false
 		if ex.answerSent.CompareAndSwap(false, true) {
 			if stored {
-				answer(ex)
+				confirming = answer(ex)
 			} else {
 				a.logger.Warn("outcome of the job not stored; not acked, JetStream delivers it again", telemetry.LogJobID, ex.job.ID,
 					"event", ev.GetType())
@@ -32,8 +36,24 @@ func (a *Agent) answerOnceStored(ex *execution, ev *jetfleetpb.JobEvent, answer 
 				}
 			}
 		}
+		if confirming {
+			// ex stays counted until its answer is confirmed; its slot may
+			// take the next job unless too many already wait.
+			if !a.backedUp() {
+				a.freeSlot(ex)
+			}
+			return
+		}
 		a.endAwaiting(ex)
 	})
+}
+
+// answerConfirmed ends the wait of ex for its answer's confirmation (or for
+// giving up on it), if ex was counted among the jobs that wait.
+func (a *Agent) answerConfirmed(ex *execution) {
+	if ex.awaitsOutcome {
+		a.endAwaiting(ex)
+	}
 }
 
 // unstoredOutcomeDelay is how long a job whose outcome could not be stored
@@ -41,7 +61,7 @@ func (a *Agent) answerOnceStored(ex *execution, ev *jetfleetpb.JobEvent, answer 
 const unstoredOutcomeDelay = 5 * time.Second
 
 // beginAwaiting counts ex among the jobs whose answer waits for their
-// outcome to be stored.
+// outcome to be stored, or for its own confirmation.
 func (a *Agent) beginAwaiting(ex *execution) {
 	a.awaitMu.Lock()
 	a.awaiting[ex] = struct{}{}
@@ -57,8 +77,9 @@ func (a *Agent) endAwaiting(ex *execution) {
 }
 
 // backedUp reports whether as many finished jobs wait for their outcome to
-// be stored as the agent allows: a job finishing now keeps its slot until
-// its outcome is stored, so the agent pulls fewer jobs.
+// be stored, or for their ack to be confirmed, as the agent allows: a job
+// finishing now keeps its slot until its outcome is stored, so the agent
+// pulls fewer jobs.
 func (a *Agent) backedUp() bool {
 	a.awaitMu.Lock()
 	defer a.awaitMu.Unlock()

@@ -48,12 +48,13 @@ type Config struct {
 	// jobs. Defaults to 1s; a negative value publishes every started event
 	// at once.
 	StartedEventAfter time.Duration `koanf:"started_event_after"`
-	// MaxUnconfirmed bounds the finished jobs whose outcome event the server
-	// has not confirmed yet: a job is acked only once its outcome is stored,
-	// and past this many the agent keeps a finished job's slot until its
-	// outcome is, so it pulls fewer jobs while the server is slow (every
-	// write synced, a busy disk) instead of piling up events it cannot store
-	// in time. Defaults to 1000.
+	// MaxUnconfirmed bounds the finished jobs whose outcome event, or whose
+	// ack after it, the server has not confirmed yet: a job is acked only
+	// once its outcome is stored, and past this many the agent keeps a
+	// finished job's slot until its outcome is, so it pulls fewer jobs while
+	// the server is slow (every write synced, a busy disk) instead of piling
+	// up events and acks it cannot store in time — and the memory they hold.
+	// Defaults to 1000.
 	MaxUnconfirmed int `koanf:"max_unconfirmed"`
 	// Middleware runs around every handler, inside Timeout and outside Recover.
 	Middleware []Middleware `koanf:"-"`

@@ -57,10 +57,11 @@ func (a *Agent) deadLetter(ctx context.Context, ex *execution, v verdict, cause 
 			a.recorder.event(ev)
 			continue
 		}
-		a.answerOnceStored(ex, ev, func(ex *execution) {
+		a.answerOnceStored(ex, ev, func(ex *execution) bool {
 			if err := ex.msg.TermWithReason(v.reason); err != nil {
 				a.logger.Warn("term failed; the supervisor dead-letters the job again with the same id", telemetry.LogJobID, job.ID, telemetry.LogError, err)
 			}
+			return false
 		})
 	}
 }

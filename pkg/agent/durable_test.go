@@ -27,7 +27,8 @@ import (
 // publish. The agent backs off instead of storming the server with resends,
 // is stopped in the middle within its grace, and a second agent drains the
 // rest. Counted at the end: no job left JOBS without its outcome stored, no
-// event stored twice, no event reported lost, every job run — with events
+// event stored twice, no event reported lost, no more jobs held unacked
+// than the agent's bounds allow, every job run — with events
 // in fast batches and in atomic ones (topology.event_batches).
 func TestSlowServerNoAckWithoutOutcomeNoStorm(t *testing.T) {
 	t.Parallel()
@@ -40,13 +41,14 @@ func TestSlowServerNoAckWithoutOutcomeNoStorm(t *testing.T) {
 }
 
 func testSlowServerNoAckWithoutOutcomeNoStorm(t *testing.T, topo topology.Config) {
+	const concurrency, maxUnconfirmed = 50, 100
 	srv := natstest.ServerWith(t, embedded.Options{SyncAlways: true})
 	_, js := natstest.JetStream(t, srv)
 	logs := fleettest.NewLogs()
 	start := func(id string) *agent.Agent {
 		env := fleettest.NewEnv(t, srv, topo)
 		env.Logger = logs.Wrap(env.Logger)
-		a, err := agent.New(env.Env.Conn, agent.Config{ID: id, Concurrency: 50, MaxUnconfirmed: 100}, agent.WithEnv(env.Env))
+		a, err := agent.New(env.Env.Conn, agent.Config{ID: id, Concurrency: concurrency, MaxUnconfirmed: maxUnconfirmed}, agent.WithEnv(env.Env))
 		require.NoError(t, err)
 		must(t, a.Register("noop", func(context.Context, *agent.Job) error { return nil }, agent.KindOptions{}))
 		require.NoError(t, a.Start(fleettest.Ctx(t, 10*time.Second)))
@@ -57,8 +59,21 @@ func testSlowServerNoAckWithoutOutcomeNoStorm(t *testing.T, topo topology.Config
 	const n = 3000
 	seqs := publishMany(t, js, n)
 	first := start("first")
-	require.Eventually(t, func() bool { return fleettest.StreamMsgs(t, js, protocol.StreamJobs) < n/2 }, time.Minute, 10*time.Millisecond,
-		"the first agent drains half the backlog")
+	// The jobs the agent holds (delivered, not acked as far as the server
+	// knows) stay bounded while its events and acks wait for the slow
+	// server: running ones, and those whose outcome or ack awaits
+	// confirmation (MaxUnconfirmed, plus the slots kept past it).
+	consumer, err := js.Consumer(fleettest.Ctx(t, 10*time.Second), protocol.StreamJobs, protocol.QueueConsumer("default"))
+	require.NoError(t, err)
+	mostHeld := 0
+	require.Eventually(t, func() bool { // polling the consumer's state while the backlog drains: the server sends no event for it
+		if info, err := consumer.Info(fleettest.Ctx(t, 5*time.Second)); err == nil {
+			mostHeld = max(mostHeld, info.NumAckPending)
+		}
+		return fleettest.StreamMsgs(t, js, protocol.StreamJobs) < n/2
+	}, time.Minute, 10*time.Millisecond, "the first agent drains half the backlog")
+	assert.LessOrEqual(t, mostHeld, maxUnconfirmed+2*concurrency, "jobs held by the agent, unacked")
+	t.Logf("most jobs held unacked: %d", mostHeld)
 	const grace = 5 * time.Second
 	stopCtx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()

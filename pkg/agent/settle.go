@@ -67,35 +67,39 @@ func (a *Agent) settle(ctx context.Context, ex *execution, v verdict, err error,
 // TERM that removes the job without a dead letter.
 func (a *Agent) cancelRun(ex *execution, ev *jetfleetpb.JobEvent) {
 	ev.Reason = protocol.ReasonCancelled
-	a.answerOnceStored(ex, ev, func(ex *execution) {
+	a.answerOnceStored(ex, ev, func(ex *execution) bool {
 		if err := ex.msg.TermWithReason(protocol.ReasonCancelled); err != nil {
 			a.logger.Warn("term of a cancelled job failed; its next delivery finds the cancelled event", telemetry.LogJobID, ex.job.ID,
 				telemetry.LogError, err)
 		}
+		return false
 	})
 }
 
 // ack acks the job's message as a request, so the server confirms it
 // stored the ack (a double ack); the confirmation is checked as it arrives,
 // without holding the job's goroutine (see replies).
-func (a *Agent) ack(ex *execution) {
+func (a *Agent) ack(ex *execution) (confirming bool) {
 	msg := &nats.Msg{Subject: ex.msg.Reply(), Data: ackBody}
 	if err := a.replies.send(msg, (*unconfirmedAck)(ex)); err != nil {
 		if !a.recorder.gate.connected() {
 			a.ackOnceReconnected(ex)
-			return
+			return true
 		}
 		a.logger.Warn("ack not sent; JetStream delivers the job again and the redelivery is skipped", telemetry.LogJobID, ex.job.ID, telemetry.LogError, err)
+		return false
 	}
+	return true
 }
 
 // ackOnceReconnected sends the ack again once the connection is back (an
 // ack is idempotent), sparing the job a redelivery.
 func (a *Agent) ackOnceReconnected(ex *execution) {
 	go func() {
-		if a.recorder.gate.waitConnected(a.recorder.stopped) {
-			a.ack(ex)
+		if a.recorder.gate.waitConnected(a.recorder.stopped) && a.ack(ex) {
+			return
 		}
+		a.answerConfirmed(ex) // stopped, or not sent: the redelivery is skipped
 	}()
 }
 
@@ -105,13 +109,15 @@ var ackBody = []byte(protocol.AckBody)
 type unconfirmedAck execution
 
 func (u *unconfirmedAck) answered(_ []byte, err error) {
+	ex := (*execution)(u)
 	if errors.Is(err, errDisconnected) {
-		u.agent.ackOnceReconnected((*execution)(u))
+		u.agent.ackOnceReconnected(ex)
 		return
 	}
 	if err != nil {
 		u.agent.logger.Warn("ack not confirmed; a redelivery will be skipped", telemetry.LogJobID, u.job.ID, telemetry.LogError, err)
 	}
+	u.agent.answerConfirmed(ex)
 }
 
 // handBack returns the job to JetStream after delay without spending an

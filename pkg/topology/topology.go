@@ -271,7 +271,7 @@ func Verify(ctx context.Context, js jetstream.JetStream, c Config) error {
 // EnsureStream creates the stream or brings an existing one to want.
 func EnsureStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, allowDestructive bool) error {
 	for attempt := 0; ; attempt++ {
-		_, err := js.CreateStream(ctx, want)
+		err := whilePeersReport(ctx, func() error { _, err := js.CreateStream(ctx, want); return err })
 		if err == nil {
 			return nil
 		}
@@ -294,6 +294,32 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 			return fmt.Errorf("update stream %s: %w", want.Name, err)
 		}
 		return nil
+	}
+}
+
+// errCodeNoPeers is JetStream's "no suitable peers for placement": a node
+// is offline, or a cluster just formed has not heard every node's state yet.
+const errCodeNoPeers jetstream.ErrorCode = 10005
+
+// placementRetry is the wait before a create refused for placement is
+// tried again.
+const placementRetry = 250 * time.Millisecond
+
+// whilePeersReport runs create until the cluster can place what it
+// creates or ctx ends: a service starting with a cluster that has just
+// formed, or while a node restarts, waits for the node instead of failing.
+func whilePeersReport(ctx context.Context, create func() error) error {
+	for {
+		err := create()
+		var apiErr *jetstream.APIError
+		if err == nil || !errors.As(err, &apiErr) || apiErr.ErrorCode != errCodeNoPeers {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(placementRetry): // the cluster announces no node's return: try again
+		}
 	}
 }
 
@@ -377,7 +403,7 @@ func sameSources(a, b []*jetstream.StreamSource) bool {
 
 func ensureBucket(ctx context.Context, js jetstream.JetStream, spec bucketSpec, allowDestructive bool) error {
 	want := spec.cfg
-	_, err := js.CreateKeyValue(ctx, want)
+	err := whilePeersReport(ctx, func() error { _, err := js.CreateKeyValue(ctx, want); return err })
 	if err == nil {
 		return nil
 	}
