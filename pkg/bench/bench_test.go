@@ -44,13 +44,14 @@ var figures = map[string][]string{
 }
 
 // durabilityFigures are the durability scenario's figures: rates, ratios
-// and store writes per job for each setting, and ratios across them.
+// store writes per job, heap growth and the agents' Stop for each setting,
+// and ratios across them.
 func durabilityFigures() []string {
 	out := []string{"enqueue_ratio_always_default", "end_to_end_ratio_always_default", "end_to_end_ratio_r3_always_default"}
 	for _, setting := range []string{"default_sync", "sync_always", "r3_sync_always"} {
 		for _, name := range []string{"enqueue_rate", "end_to_end_rate_raw", "end_to_end_rate", "end_to_end_ratio",
 			"writes_per_job_raw", "writes_per_job", "writes_per_job_jobs", "writes_per_job_acks", "writes_per_job_events",
-			"writes_per_job_kv"} {
+			"writes_per_job_kv", "heap_growth_raw", "heap_growth", "heap_growth_ratio", "agent_stop"} {
 			out = append(out, name+"_"+setting)
 		}
 	}

@@ -3,7 +3,7 @@ package bench
 import (
 	"bufio"
 	"context"
-	"errors"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -15,23 +15,28 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/embedded"
 )
 
-// A scenario that measures the memory of the fleet's processes (delayed)
-// runs its NATS server in a child process: the same executable, started
-// with childServerEnv naming the store directory. The child starts an
-// embedded server, writes its client URL on stdout and runs until its
-// stdin closes, so the bench's own heap is the fleet's alone and the
-// server's memory is its process's.
+// A scenario that measures the memory of the fleet's processes (delayed,
+// durability) runs its NATS servers in child processes: the same
+// executable, started with childServerEnv holding the server's options
+// (embedded.Options, as JSON). The child starts an embedded server, writes
+// its client URL on stdout and runs until its stdin closes, so the bench's
+// own heap is the fleet's alone and each server's memory is its process's.
 const childServerEnv = "JETFLEET_BENCH_CHILD_SERVER"
 
 // RunChildServerIfAsked runs the bench's child NATS server and exits when
 // this process was started as one, and returns at once otherwise. Call it
 // first thing in main, and in TestMain of tests that run the bench.
 func RunChildServerIfAsked() {
-	dir := os.Getenv(childServerEnv)
-	if dir == "" {
+	spec := os.Getenv(childServerEnv)
+	if spec == "" {
 		return
 	}
-	srv, err := embedded.Start(embedded.Options{Port: -1, StoreDir: dir})
+	var opts embedded.Options
+	if err := json.Unmarshal([]byte(spec), &opts); err != nil {
+		fmt.Fprintln(os.Stderr, "bench child server: options:", err)
+		os.Exit(1)
+	}
+	srv, err := embedded.Start(opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench child server:", err)
 		os.Exit(1)
@@ -50,14 +55,18 @@ type childServer struct {
 	url   string
 }
 
-// startChildServer starts the child server on store directory dir.
-func startChildServer(ctx context.Context, dir string) (*childServer, error) {
+// startChildServer starts a child server with opts.
+func startChildServer(ctx context.Context, opts embedded.Options) (*childServer, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
+	spec, err := json.Marshal(opts)
+	if err != nil {
+		return nil, err
+	}
 	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), childServerEnv+"="+dir)
+	cmd.Env = append(os.Environ(), childServerEnv+"="+string(spec))
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -82,9 +91,9 @@ func startChildServer(ctx context.Context, dir string) (*childServer, error) {
 	case <-ctx.Done():
 		c.stop()
 		return nil, fmt.Errorf("child server: %w", ctx.Err())
-	case <-time.After(30 * time.Second):
+	case <-time.After(childStartTimeout):
 		c.stop()
-		return nil, errors.New("child server printed no URL within 30s")
+		return nil, fmt.Errorf("child server printed no URL within %s", childStartTimeout)
 	}
 	if !strings.HasPrefix(c.url, "nats://") {
 		c.stop()
@@ -92,6 +101,10 @@ func startChildServer(ctx context.Context, dir string) (*childServer, error) {
 	}
 	return c, nil
 }
+
+// childStartTimeout bounds a child server's start; a cluster node's waits
+// for its routes and its JetStream meta leader.
+const childStartTimeout = time.Minute
 
 // stop ends the child: its stdin closes, it shuts its server down.
 func (c *childServer) stop() {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -16,18 +17,21 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/natstest/freeport"
 )
 
-// cluster is an in-process JetStream cluster on loopback: the bench's
-// replicated setting. Each node has its own store under a directory of the
-// run, its client port and route port picked at random.
+// cluster is a JetStream cluster on loopback: the bench's replicated
+// setting. Each node has its own store under a directory of the run, its
+// client port and route port picked at random, and runs in the bench's
+// process (servers) or in a child process of its own (children).
 type cluster struct {
-	servers []*server.Server
+	servers  []*server.Server
+	children []*childServer
 }
 
 // startCluster starts n nodes with their stores under dir, every node
 // routing to every other, and returns once the cluster has a JetStream meta
 // leader and can place a stream with a replica on every node. syncAlways
-// starts each node with sync_interval: always.
-func startCluster(ctx context.Context, dir string, n int, syncAlways bool) (_ *cluster, err error) {
+// starts each node with sync_interval: always; inChildren runs each in a
+// child process.
+func startCluster(ctx context.Context, dir string, n int, syncAlways, inChildren bool) (_ *cluster, err error) {
 	ports := make([]int, n)
 	routes := make([]string, n)
 	for i := range n {
@@ -38,30 +42,44 @@ func startCluster(ctx context.Context, dir string, n int, syncAlways bool) (_ *c
 	}
 	name := fmt.Sprintf("bench-%d", time.Now().UnixNano())
 	type result struct {
-		i   int
-		srv *server.Server
-		err error
+		i     int
+		srv   *server.Server
+		child *childServer
+		err   error
 	}
 	// Started together: a node's JetStream waits for its routes.
 	results := make(chan result, n)
 	for i := range n {
 		go func() {
-			srv, err := embedded.Start(embedded.Options{
+			opts := embedded.Options{
 				Port: -1, StoreDir: filepath.Join(dir, fmt.Sprintf("n%d", i)), ServerName: fmt.Sprintf("%s-n%d", name, i),
 				SyncAlways: syncAlways, Cluster: embedded.ClusterOptions{Name: name, Port: ports[i], Routes: routes},
 				ReadyTimeout: 30 * time.Second,
-			})
-			results <- result{i, srv, err}
+			}
+			r := result{i: i}
+			if inChildren {
+				r.child, r.err = startChildServer(ctx, opts)
+			} else {
+				r.srv, r.err = embedded.Start(opts)
+			}
+			results <- r
 		}()
 	}
 	c := &cluster{servers: make([]*server.Server, n)}
+	if inChildren {
+		c.servers, c.children = nil, make([]*childServer, n)
+	}
 	var errs []error
 	for range n {
 		r := <-results
 		if r.err != nil {
 			errs = append(errs, fmt.Errorf("cluster node %d: %w", r.i, r.err))
 		}
-		c.servers[r.i] = r.srv
+		if inChildren {
+			c.children[r.i] = r.child
+		} else {
+			c.servers[r.i] = r.srv
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		c.stop()
@@ -76,12 +94,18 @@ func startCluster(ctx context.Context, dir string, n int, syncAlways bool) (_ *c
 
 // url lists every node's client URL, comma-separated, as nats.Connect takes them.
 func (c *cluster) url() string {
-	urls := make([]string, 0, len(c.servers))
+	var urls []string
 	for _, srv := range c.servers {
 		urls = append(urls, srv.ClientURL())
 	}
+	for _, child := range c.children {
+		urls = append(urls, child.url)
+	}
 	return strings.Join(urls, ",")
 }
+
+// nodes is the cluster's size.
+func (c *cluster) nodes() int { return len(c.servers) + len(c.children) }
 
 // waitReady waits until JetStream answers account requests (a meta leader
 // is elected) and a stream with a replica on every node can be placed
@@ -108,7 +132,7 @@ func (c *cluster) waitReady(ctx context.Context, timeout time.Duration) error {
 		_, err := js.AccountInfo(tryCtx)
 		if err == nil {
 			_, err = js.CreateStream(tryCtx, jetstream.StreamConfig{Name: probe, Subjects: []string{"bench.placement.probe"},
-				Replicas: len(c.servers), Storage: jetstream.MemoryStorage})
+				Replicas: c.nodes(), Storage: jetstream.MemoryStorage})
 		}
 		cancelTry()
 		if err == nil {
@@ -116,7 +140,7 @@ func (c *cluster) waitReady(ctx context.Context, timeout time.Duration) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("cluster: no meta leader or no placement of an R%d stream after %s: %w", len(c.servers), timeout, err)
+			return fmt.Errorf("cluster: no meta leader or no placement of an R%d stream after %s: %w", c.nodes(), timeout, err)
 		case <-time.After(50 * time.Millisecond): // polling the servers' state: there is no event to wait on
 		}
 	}
@@ -134,4 +158,11 @@ func (c *cluster) stop() {
 			srv.WaitForShutdown()
 		}
 	}
+	var wg sync.WaitGroup
+	for _, child := range c.children {
+		if child != nil {
+			wg.Go(child.stop)
+		}
+	}
+	wg.Wait()
 }

@@ -30,17 +30,23 @@ type durabilitySetting struct {
 // streams, where nats-server (2.15) syncs each write to the Raft log and
 // the stream's store only on flush. Jetfleet runs each as configured for
 // it: events in atomic batches where every write is synced
-// (topology.event_batches), fast batches by default.
+// (topology.event_batches), fast batches by default. The single server runs
+// in a child process, so that the heap the bench follows is the clients'
+// alone (the agents', or raw JetStream's consumers, and the producer's),
+// which the memory target is judged on. The cluster's nodes run in the
+// bench's process, as issue 22 measures them (in child processes the rates
+// here fell by a quarter, raw JetStream's too): its heap figures hold the
+// nodes' growth as well, and have no target.
 var durabilitySettings = []durabilitySetting{
-	{key: "default_sync", label: "default sync interval", opts: serverOptions{embeddedOnly: true}},
-	{key: "sync_always", label: "sync_interval always", opts: serverOptions{embeddedOnly: true, syncAlways: true,
+	{key: "default_sync", label: "default sync interval", opts: serverOptions{embeddedOnly: true, childServer: true}},
+	{key: "sync_always", label: "sync_interval always", opts: serverOptions{embeddedOnly: true, childServer: true, syncAlways: true,
 		topology: syncedTopology}, target: &Target{AtLeast: true, Value: 0.9}, heapTarget: syncedHeapTarget},
 	{key: "r3_sync_always", label: "3 nodes R3, sync_interval always", opts: serverOptions{embeddedOnly: true, syncAlways: true, nodes: 3,
-		topology: syncedTopology}, target: &Target{AtLeast: true, Value: 0.8}, heapTarget: syncedHeapTarget},
+		topology: syncedTopology}, target: &Target{AtLeast: true, Value: 0.8}},
 }
 
-// syncedHeapTarget: with every write synced, jetfleet's phases make the
-// heap grow at most 1.5× as much as raw JetStream's (issue 22).
+// syncedHeapTarget: with every write synced, jetfleet's clients' heap
+// grows at most 1.5× as much as raw JetStream's (issue 22).
 var syncedHeapTarget = &Target{Value: 1.5}
 
 // syncedTopology is jetfleet's layout for a server that syncs every write.
@@ -83,11 +89,14 @@ func (b *bencher) durability(ctx context.Context, run int) error {
 		b.record(ScenarioDurability, s.figure("end_to_end_rate_raw", "end to end, raw", UnitRate, nil), res.raw)
 		b.record(ScenarioDurability, s.figure("end_to_end_rate", "end to end, jetfleet", UnitRate, nil), res.jetfleet)
 		b.record(ScenarioDurability, s.figure("end_to_end_ratio", "end to end, jetfleet / raw", UnitRatio, s.target), res.jetfleet/res.raw)
-		b.record(ScenarioDurability, s.figure("heap_growth_raw", "most the heap grew, raw (servers in the process)", UnitBytes, nil), res.rawHeap)
-		b.record(ScenarioDurability, s.figure("heap_growth", "most the heap grew, jetfleet (servers in the process)", UnitBytes, nil), res.ourHeap)
-		if res.rawHeap > 0 {
-			b.record(ScenarioDurability, s.figure("heap_growth_ratio", "most the heap grew, jetfleet / raw", UnitRatio, s.heapTarget), res.ourHeap/res.rawHeap)
+		heapOf := "the clients'"
+		if !s.opts.childServer {
+			heapOf = "the clients' and the nodes'"
 		}
+		b.record(ScenarioDurability, s.figure("heap_growth_raw", "most "+heapOf+" heap grew, raw", UnitBytes, nil), res.rawHeap)
+		b.record(ScenarioDurability, s.figure("heap_growth", "most "+heapOf+" heap grew, jetfleet", UnitBytes, nil), res.ourHeap)
+		b.record(ScenarioDurability, s.figure("heap_growth_ratio", "most the heap grew, jetfleet / raw", UnitRatio, s.heapTarget),
+			res.ourHeap/max(res.rawHeap, 1))
 		b.record(ScenarioDurability, s.figure("agent_stop", "agents' Stop after a phase, longest", UnitMs, nil), float64(res.stop)/float64(time.Millisecond))
 		b.record(ScenarioDurability, s.figure("writes_per_job_raw", "store writes per job, raw", UnitWrites, nil), res.rawWrites.total())
 		b.record(ScenarioDurability, s.figure("writes_per_job", "store writes per job, jetfleet", UnitWrites, nil), res.ourWrites.total())

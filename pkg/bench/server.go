@@ -46,8 +46,8 @@ type serverOptions struct {
 	// topology to provision (on the embedded server, or on a given server
 	// without a jetfleet topology).
 	topology topology.Config
-	// childServer runs the embedded server in a child process, so that
-	// this process's heap is the fleet's alone.
+	// childServer runs the embedded server (or each node of the cluster) in
+	// a child process, so that this process's heap is the fleet's alone.
 	childServer bool
 }
 
@@ -89,13 +89,13 @@ func (b *bencher) open(ctx context.Context, opts serverOptions) (_ *runServer, e
 		}
 		switch {
 		case opts.nodes > 1:
-			if rs.cluster, err = startCluster(ctx, rs.dir, opts.nodes, opts.syncAlways); err != nil {
+			if rs.cluster, err = startCluster(ctx, rs.dir, opts.nodes, opts.syncAlways, opts.childServer); err != nil {
 				return nil, err
 			}
 			rs.url = rs.cluster.url()
 			rs.topo.Replicas = opts.nodes
 		case opts.childServer:
-			if rs.child, err = startChildServer(ctx, rs.dir); err != nil {
+			if rs.child, err = startChildServer(ctx, embedded.Options{Port: -1, StoreDir: rs.dir, SyncAlways: opts.syncAlways}); err != nil {
 				return nil, err
 			}
 			rs.url = rs.child.url

@@ -192,8 +192,8 @@ type throughputRun struct {
 
 // heapPeak starts following the live heap of a phase, if the run asks for
 // it; the returned func records the most it grew over its size at the
-// start into into. The servers run in the bench's process, so the growth
-// holds theirs too: compare it between the lines of one run.
+// start into into. A server in the bench's process (not a child server)
+// grows the heap too: compare the figure between the lines of one run.
 func (tp *throughputRun) heapPeak(into *float64) func() {
 	if !tp.followHeap {
 		return func() {}
