@@ -48,7 +48,7 @@ var figures = map[string][]string{
 // and ratios across them.
 func durabilityFigures() []string {
 	out := []string{"enqueue_ratio_always_default", "end_to_end_ratio_always_default", "end_to_end_ratio_r3_always_default"}
-	for _, setting := range []string{"default_sync", "sync_always", "r3_sync_always"} {
+	for _, setting := range []string{"default_sync", "sync_always", "r3_sync_always", "r3_default_sync"} {
 		for _, name := range []string{"enqueue_rate", "end_to_end_rate_raw", "end_to_end_rate", "end_to_end_ratio",
 			"writes_per_job_raw", "writes_per_job", "writes_per_job_jobs", "writes_per_job_acks", "writes_per_job_events",
 			"writes_per_job_kv", "heap_growth_raw", "heap_growth", "heap_growth_ratio", "agent_stop"} {

@@ -26,9 +26,9 @@ type durabilitySetting struct {
 
 // durabilitySettings are the settings production chooses between: the
 // file store's default sync interval (2 minutes), every write synced on a
-// single server, and every write synced on a 3-node cluster with R3
-// streams, where nats-server (2.15) syncs each write to the Raft log and
-// the stream's store only on flush. Jetfleet runs each as configured for
+// single server, every write synced on a 3-node cluster with R3 streams,
+// where nats-server (2.15) syncs each write to the Raft log and the
+// stream's store only on flush, and that cluster at the default interval. Jetfleet runs each as configured for
 // it: events in atomic batches where every write is synced
 // (topology.event_batches), fast batches by default. The single server runs
 // in a child process, so that the heap the bench follows is the clients'
@@ -43,6 +43,7 @@ var durabilitySettings = []durabilitySetting{
 		topology: syncedTopology}, target: &Target{AtLeast: true, Value: 0.9}, heapTarget: syncedHeapTarget},
 	{key: "r3_sync_always", label: "3 nodes R3, sync_interval always", opts: serverOptions{embeddedOnly: true, syncAlways: true, nodes: 3,
 		topology: syncedTopology}, target: &Target{AtLeast: true, Value: 0.8}},
+	{key: "r3_default_sync", label: "3 nodes R3, default sync interval", opts: serverOptions{embeddedOnly: true, nodes: 3}},
 }
 
 // syncedHeapTarget: with every write synced, jetfleet's clients' heap
