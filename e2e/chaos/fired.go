@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -38,52 +39,72 @@ func readScheduleEvents(ctx context.Context, js jetstream.JetStream, schedules [
 	if err != nil {
 		return out, fmt.Errorf("schedule events: %w", err)
 	}
-	for ctx.Err() == nil {
-		batch, err := cons.Fetch(1000, jetstream.FetchMaxWait(2*time.Second))
+	// One ordered consumer, read through: each Fetch of an ordered consumer
+	// deletes and creates it again (nats.go advises Messages for reading a
+	// stream through), and at 500 jobs/s a loop of Fetches failed with "no
+	// responders" for a minute after the phase.
+	it, err := cons.Messages()
+	if err != nil {
+		return out, fmt.Errorf("schedule events: %w", err)
+	}
+	defer it.Stop()
+	seen := false
+	for {
+		nextCtx, cancel := context.WithTimeout(ctx, readIdle)
+		msg, err := it.Next(jetstream.NextContext(nextCtx))
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			if !seen {
+				return out, nil // no event in the window
+			}
+			continue // the last one said more were pending: a slow server
+		}
 		if err != nil {
 			return out, fmt.Errorf("schedule events: %w", err)
 		}
-		n, caughtUp := 0, false
-		for msg := range batch.Messages() {
-			n++
-			meta, err := msg.Metadata()
-			if err != nil {
-				return out, fmt.Errorf("schedule events: %w", err)
-			}
-			caughtUp = meta.NumPending == 0
-			var ev jetfleetpb.ScheduleEvent
-			if protocol.Unmarshal(msg.Data(), &ev) != nil || !wanted[ev.GetScheduleId()] {
-				continue
-			}
-			nominal := ev.GetNominalTime().AsTime()
-			if nominal.Before(from) || nominal.After(to) {
-				continue
-			}
-			if ev.GetType() == protocol.EventMissed {
-				out.missed = append(out.missed, fmt.Sprintf("%s@%s×%d", ev.GetScheduleId(), nominal.UTC().Format("15:04:05"), max(ev.GetCount(), 1)))
-				continue
-			}
-			byNominal := out.fired[ev.GetScheduleId()]
-			if byNominal == nil {
-				byNominal = map[int64]time.Time{}
-				out.fired[ev.GetScheduleId()] = byNominal
-			}
-			// The event's time, not its store time: the scheduler sets it once
-			// JetStream has stored the job; the event itself may wait longer
-			// (EVENTS electing a leader) without delaying the fire.
-			decided := ev.GetTime().AsTime()
-			if first, seen := byNominal[nominal.Unix()]; !seen || decided.Before(first) {
-				byNominal[nominal.Unix()] = decided
-			}
-		}
-		if err := batch.Error(); err != nil {
+		seen = true
+		meta, err := msg.Metadata()
+		if err != nil {
 			return out, fmt.Errorf("schedule events: %w", err)
 		}
-		if n == 0 || caughtUp {
+		out.add(msg.Data(), wanted, from, to)
+		if meta.NumPending == 0 {
 			return out, nil
 		}
 	}
-	return out, ctx.Err()
+}
+
+// readIdle is how long readScheduleEvents waits for a first event before
+// it takes the window as holding none.
+const readIdle = 5 * time.Second
+
+// add records one schedule event if it is one of the run's schedules with
+// a nominal time in [from, to].
+func (se *scheduleEvents) add(data []byte, wanted map[string]bool, from, to time.Time) {
+	var ev jetfleetpb.ScheduleEvent
+	if protocol.Unmarshal(data, &ev) != nil || !wanted[ev.GetScheduleId()] {
+		return
+	}
+	nominal := ev.GetNominalTime().AsTime()
+	if nominal.Before(from) || nominal.After(to) {
+		return
+	}
+	if ev.GetType() == protocol.EventMissed {
+		se.missed = append(se.missed, fmt.Sprintf("%s@%s×%d", ev.GetScheduleId(), nominal.UTC().Format("15:04:05"), max(ev.GetCount(), 1)))
+		return
+	}
+	byNominal := se.fired[ev.GetScheduleId()]
+	if byNominal == nil {
+		byNominal = map[int64]time.Time{}
+		se.fired[ev.GetScheduleId()] = byNominal
+	}
+	// The event's time, not its store time: the scheduler sets it once
+	// JetStream has stored the job; the event itself may wait longer
+	// (EVENTS electing a leader) without delaying the fire.
+	decided := ev.GetTime().AsTime()
+	if first, seen := byNominal[nominal.Unix()]; !seen || decided.Before(first) {
+		byNominal[nominal.Unix()] = decided
+	}
 }
 
 // latestFire is the longest wait from a nominal time in [from, to] to its
