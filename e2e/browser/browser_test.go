@@ -183,7 +183,7 @@ func TestDashboardInABrowser(t *testing.T) {
 			until(`!!document.querySelector('`+row+` progress') && document.querySelector('`+row+`').innerText.includes('slept ')`))
 		st.shot("running")
 		st.doOnLivePage(chromedp.Navigate(st.url+"/running"), until(`!!document.querySelector('`+row+`')`),
-			chromedp.Click(row+` button`), chromedp.WaitVisible(`.flash`))
+			clickNow(row+` button`), chromedp.WaitVisible(`.flash`))
 		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 		defer wcancel()
 		info, err := st.client.Wait(wctx, res.JobID)
@@ -273,7 +273,7 @@ func TestDashboardInABrowser(t *testing.T) {
 		// The issuer lets the cards through again: retry the failed elements.
 		st.declined.Store(false)
 		st.doOnLivePage(chromedp.Navigate(st.url+"/workflows/runs/billing-2026-11"), chromedp.WaitVisible(`#retry-failed`),
-			chromedp.Click(`#retry-failed`), chromedp.WaitVisible(`.flash`))
+			clickNow(`#retry-failed`), chromedp.WaitVisible(`.flash`))
 		st.do(until(`document.querySelector('main h1').innerText.includes('round 1')`),
 			until(`document.getElementById('main').dataset.live_connected === 'yes'`))
 		run, err = st.client.WaitWorkflowRun(ctx, "billing-2026-11")

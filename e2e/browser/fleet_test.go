@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -215,6 +216,16 @@ func eval[T any](st *stack, expr string) T {
 
 // until waits for a JavaScript expression to be true on the page as it is
 // (no reload).
+// clickNow clicks the node sel finds at this instant, from the page's own
+// script, once sel finds one. chromedp.Click presses and releases the
+// pointer in two steps; a live update that replaces the node between them
+// (the refresh every page makes once its live connection opens) swallows
+// the click without an error — seen as a retry-failed that never left the
+// page. A script's click cannot be split by the page's own update.
+func clickNow(sel string) chromedp.Action[chromedp.Void] {
+	return until(`(function () { var n = document.querySelector(` + strconv.Quote(sel) + `); if (!n) return false; n.click(); return true; })()`)
+}
+
 func until(expr string) chromedp.Action[chromedp.Void] {
 	return func(ctx context.Context, t *chromedp.Target) (chromedp.Void, error) {
 		_, err := chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(40*time.Second), chromedp.WithPollingInterval(50*time.Millisecond))(ctx, t)
