@@ -84,6 +84,10 @@ type batchWait struct {
 	resends     int           // rounds of resending in this batch
 }
 
+// middleCopyRecheck is how often a wait looks at the copies of a message
+// between its first and its last, which its select does not watch.
+const middleCopyRecheck = 100 * time.Millisecond
+
 // pendingPub is one message of a batch and the futures of its copies.
 type pendingPub struct {
 	msg      *nats.Msg
@@ -152,7 +156,14 @@ func (w *batchWait) wait(p *pendingPub) (*jetstream.PubAck, error) {
 		}
 		first, last := p.futures[0], p.futures[len(p.futures)-1]
 		stall := time.NewTimer(time.Until(w.lastAnswer.Add(w.resendAfter)))
+		// The select watches the first and the last copy; a copy sent in
+		// between is seen by the poll above, run again this often.
+		var recheck <-chan time.Time
+		if len(p.futures) > 2 {
+			recheck = time.After(middleCopyRecheck)
+		}
 		select {
+		case <-recheck:
 		case ack := <-first.Ok():
 			w.settle(p, ack, nil)
 		case ack := <-last.Ok():

@@ -504,6 +504,9 @@ func TestFiresResumeSoonAfterTheJobsStreamElects(t *testing.T) {
 	}, time.Minute, 20*time.Millisecond, "fires resume")
 	t.Logf("JOBS elected %s after the cut; fires stored %s after the election", elected.Sub(cut).Round(time.Millisecond),
 		resumed.Sub(elected).Round(time.Millisecond))
-	assert.Less(t, resumed.Sub(elected), resendAfter+2*time.Second, "fires resumed late after the election")
+	// The first copy sent after the election can still meet a leader not yet
+	// taking writes (CI, loaded: 4.99 s): the one after it is the bound.
+	// Without the resend, fires waited out publish_timeout: 23.9 s.
+	assert.Less(t, resumed.Sub(elected), 2*resendAfter+2*time.Second, "fires resumed late after the election")
 	assert.True(t, r.IsLeader())
 }
