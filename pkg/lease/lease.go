@@ -251,17 +251,69 @@ func (el *Elector) reclaim(ctx context.Context, now, until time.Time) (uint64, t
 // or when the connection moves (Config.Conn). A write whose reply was lost
 // but which was stored shows as a revision mismatch at the next attempt,
 // and adopt takes it.
+//
+// While no answer comes for a renewal interval, it sends the same write
+// again, and takes the first answer of any copy. The stream of the bucket
+// drops without an answer what reaches it while it elects a leader (its
+// leader's node was cut off or killed; 4-9 s); a write that only waited
+// would wait out until, and the leader would step down although the
+// stream was back in time. Every copy carries the same expected revision,
+// so at most one is stored: a later copy meets a revision conflict, read
+// back as for a lost reply. The deadline counts from the first copy's
+// sending, no later than any copy's store time.
 func (el *Elector) write(ctx context.Context, rev uint64, acquiredAt, now, until time.Time) (uint64, error) {
 	val, _ := json.Marshal(Value{Holder: el.cfg.Holder, AcquiredAt: acquiredAt.UTC(), RenewedAt: now.UTC()})
-	wctx, cancel := context.WithTimeout(ctx, until.Sub(el.cfg.Clock.Now()))
+	wait := until.Sub(el.cfg.Clock.Now())
+	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	if el.cfg.Conn != nil {
 		defer cancelOnReconnect(wctx, el.cfg.Conn, cancel)()
 	}
-	if rev == 0 {
-		return el.cfg.KV.Create(wctx, el.cfg.Key, val)
+	type answer struct {
+		rev uint64
+		err error
 	}
-	return el.cfg.KV.Update(wctx, el.cfg.Key, val, rev)
+	resendAfter := max(el.cfg.Renew, reconnectCheck)
+	answers := make(chan answer, max(int(wait/resendAfter), 0)+2) // every copy's, so none blocks
+	sent, outstanding := 0, 0
+	send := func() {
+		sent++
+		outstanding++
+		go func() {
+			var a answer
+			if rev == 0 {
+				a.rev, a.err = el.cfg.KV.Create(wctx, el.cfg.Key, val)
+			} else {
+				a.rev, a.err = el.cfg.KV.Update(wctx, el.cfg.Key, val, rev)
+			}
+			answers <- a
+		}()
+	}
+	send()
+	resend := time.NewTicker(resendAfter)
+	defer resend.Stop()
+	for {
+		select {
+		case a := <-answers:
+			outstanding--
+			// A copy that ended without an answer (no responders, the
+			// deadline) leaves the others to answer.
+			if isAnswer(a.err) || outstanding == 0 {
+				return a.rev, a.err
+			}
+		case <-resend.C:
+			if sent < cap(answers) {
+				send()
+			}
+		}
+	}
+}
+
+// isAnswer reports whether err (nil included) is JetStream's answer to a
+// write, rather than the lack of one.
+func isAnswer(err error) bool {
+	var apiErr *jetstream.APIError
+	return err == nil || errors.As(err, &apiErr)
 }
 
 // reconnectCheck is how often a waiting write looks for a reconnection.

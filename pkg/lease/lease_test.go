@@ -287,3 +287,93 @@ func TestLeaseOutlivesItsServerGoingSilent(t *testing.T) {
 	assert.True(t, el.IsLeader())
 	assert.Equal(t, []bool{true}, ch.list(), "leadership was gained once and never lost")
 }
+
+// TestLeaseIsRenewedSoonAfterItsBucketElects: the node leading the lease
+// bucket's stream is cut off from the others while the leader renews. The
+// stream drops the renewal sent during its election without an answer; the
+// renewal sent again once the others elected lands, and the leader never
+// steps down. A renewal that only waited for its answer would wait until
+// the lease's deadline (24 s here) and lose the lease.
+func TestLeaseIsRenewedSoonAfterItsBucketElects(t *testing.T) {
+	t.Parallel()
+	const ttl, renew = 30 * time.Second, 2 * time.Second
+	cluster := natstest.StartPartitionableCluster(t, 3)
+	const survivor = 0
+	nc, js := natstest.JetStream(t, cluster.Servers[survivor])
+	ctx := fleettest.Ctx(t, 2*time.Minute)
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "leases", TTL: ttl, Replicas: 3})
+	require.NoError(t, err)
+	stream, err := js.Stream(ctx, "KV_leases")
+	require.NoError(t, err)
+	streamLeader := func() string { // empty while the stream has no leader, or none that answers
+		rc, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		info, err := stream.Info(rc)
+		if err != nil || info.Cluster == nil {
+			return ""
+		}
+		return info.Cluster.Leader
+	}
+	survivorName := cluster.Servers[survivor].Name()
+	for range 5 { // the cut node must lead the stream, and the elector's node must not be it
+		if l := streamLeader(); l != "" && l != survivorName {
+			break
+		}
+		_, err := nc.Request("$JS.API.STREAM.LEADER.STEPDOWN.KV_leases", nil, 5*time.Second)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return streamLeader() != "" }, 10*time.Second, 20*time.Millisecond)
+	}
+	victim := -1
+	for i, srv := range cluster.Servers {
+		if srv.Name() == streamLeader() {
+			victim = i
+		}
+	}
+	require.Positive(t, victim, "KV_leases is led by a node other than the elector's")
+
+	ch := &changes{gained: make(chan struct{}, 1)}
+	el := New(Config{KV: kv, Key: "svc", Holder: "a", Role: "test", TTL: ttl, Renew: renew, Acquire: renew,
+		Log: fleettest.Logger(t), OnChange: ch.record, Conn: nc})
+	runCtx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); el.Run(runCtx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitGained(t, ch, 10*time.Second)
+	revision := func() uint64 { // zero while the stream has no leader to answer
+		rc, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		kve, err := kv.Get(rc, "svc")
+		if err != nil {
+			return 0
+		}
+		return kve.Revision()
+	}
+	// Cut right after a renewal landed: none lands before the cut after it.
+	first := revision()
+	require.NotZero(t, first)
+	var before uint64
+	require.Eventually(t, func() bool { before = revision(); return before > first }, 10*time.Second, 10*time.Millisecond)
+
+	cluster.Cut(victim)
+	cut := time.Now()
+	var elected time.Time
+	require.Eventually(t, func() bool { // polling the stream's state: the server sends no event for an election
+		if l := streamLeader(); l == "" || l == cluster.Servers[victim].Name() {
+			return false
+		}
+		elected = time.Now()
+		return true
+	}, time.Minute, 50*time.Millisecond, "KV_leases elects another leader")
+	var renewed time.Time
+	require.Eventually(t, func() bool {
+		renewed = time.Now()
+		return revision() > before
+	}, time.Minute, 20*time.Millisecond, "the lease is renewed")
+	t.Logf("KV_leases elected %s after the cut; the lease renewed %s after the election", elected.Sub(cut).Round(time.Millisecond),
+		renewed.Sub(elected).Round(time.Millisecond))
+	// The first copy after the election can meet a leader not yet taking
+	// writes: the one after it is the bound.
+	assert.Less(t, renewed.Sub(elected), 2*renew+2*time.Second, "the lease was renewed late after the election")
+	assert.True(t, el.IsLeader())
+	assert.Equal(t, []bool{true}, ch.list(), "leadership was gained once and never lost")
+}
