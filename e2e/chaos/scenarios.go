@@ -39,6 +39,10 @@ func (e *runEnv) duration(full, short time.Duration) time.Duration {
 // leaseTTL is topology.lease_ttl of the compose stack (config/compose).
 const leaseTTL = 5 * time.Second
 
+// renewInterval is the scheduler's default renew_interval there, a quarter
+// of the lease TTL: a lease write unanswered that long is sent again.
+const renewInterval = leaseTTL / 4
+
 // loadRun is one scenario's load: what it published and when it ran.
 type loadRun struct {
 	loader   *loader
@@ -326,13 +330,14 @@ func runPartition(ctx context.Context, e *runEnv, s *stack, r *row) error {
 		case slices.Contains(c.led, firePath[0]):
 			// The lease bucket has no leader until NATS elects one, 4 to 9 s
 			// after the old one's last heartbeat. The leader's renewals go
-			// unanswered meanwhile and it steps down at its deadline; a
-			// lease write sent just before the election ended waits out its
-			// own deadline (at most the TTL) before the next is sent, and the
-			// new leader then loads the schedules before its first tick.
-			limit = raftElectionMax + leaseTTL + 3*time.Second
-			why = fmt.Sprintf("the cut node led %s: its election (≤ %s) + a lease write's wait (≤ lease TTL) + 3 s",
-				strings.Join(c.led, " "), raftElectionMax)
+			// unanswered meanwhile, and it steps down at its deadline if the
+			// election outlasts it; a lease write unanswered for a renewal
+			// interval is sent again, so the lease is renewed or taken
+			// within one interval of the election, and a new leader then
+			// loads the schedules before its first tick.
+			limit = raftElectionMax + renewInterval + 3*time.Second
+			why = fmt.Sprintf("the cut node led %s: its election (≤ %s) + a lease write's renewal interval (%s) + 3 s",
+				strings.Join(c.led, " "), raftElectionMax, renewInterval)
 		case len(c.led) > 0:
 			// A stream a fire writes to has no leader until NATS elects one;
 			// what is published to it meanwhile gets no answer at all, and
@@ -359,8 +364,8 @@ func runPartition(ctx context.Context, e *runEnv, s *stack, r *row) error {
 	return nil
 }
 
-// partitionCut is one cut of the partition scenario; ledLeases says the
-// cut node led the lease bucket's stream at the time.
+// partitionCut is one cut of the partition scenario; led says which
+// streams of the fire path the cut node led at the time.
 type partitionCut struct {
 	at, healed time.Time
 	what       string
