@@ -57,9 +57,17 @@ func newBucket(t *testing.T) jetstream.KeyValue {
 // start runs an elector until the test ends and returns its changes.
 func start(t *testing.T, kv jetstream.KeyValue, holder string) (*Elector, *changes) {
 	t.Helper()
+	return startWith(t, Config{KV: kv, Key: "svc", Holder: holder, Role: "test", TTL: testTTL,
+		Renew: testTTL / 4, Acquire: testTTL / 20, Log: fleettest.Logger(t)})
+}
+
+// startWith runs an elector of cfg, its changes recorded, until the test
+// ends.
+func startWith(t *testing.T, cfg Config) (*Elector, *changes) {
+	t.Helper()
 	ch := &changes{gained: make(chan struct{}, 1)}
-	el := New(Config{KV: kv, Key: "svc", Holder: holder, Role: "test", TTL: testTTL,
-		Renew: testTTL / 4, Acquire: testTTL / 20, Log: fleettest.Logger(t), OnChange: ch.record})
+	cfg.OnChange = ch.record
+	el := New(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); el.Run(ctx) }()
@@ -245,13 +253,8 @@ func TestLeaseOutlivesItsServerGoingSilent(t *testing.T) {
 	ctx := fleettest.Ctx(t, 60*time.Second)
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "leases", TTL: ttl})
 	require.NoError(t, err)
-	ch := &changes{gained: make(chan struct{}, 1)}
-	el := New(Config{KV: kv, Key: "svc", Holder: "a", Role: "test", TTL: ttl, Renew: ttl / 4, Acquire: ttl / 20,
-		Log: fleettest.Logger(t), OnChange: ch.record, Conn: nc})
-	runCtx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); el.Run(runCtx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	el, ch := startWith(t, Config{KV: kv, Key: "svc", Holder: "a", Role: "test", TTL: ttl, Renew: ttl / 4, Acquire: ttl / 20,
+		Log: fleettest.Logger(t), Conn: nc})
 	waitGained(t, ch, 10*time.Second)
 
 	// Watch the key from a connection of its own, straight to the server,
@@ -303,41 +306,10 @@ func TestLeaseIsRenewedSoonAfterItsBucketElects(t *testing.T) {
 	ctx := fleettest.Ctx(t, 2*time.Minute)
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "leases", TTL: ttl, Replicas: 3})
 	require.NoError(t, err)
-	stream, err := js.Stream(ctx, "KV_leases")
-	require.NoError(t, err)
-	streamLeader := func() string { // empty while the stream has no leader, or none that answers
-		rc, cancel := context.WithTimeout(ctx, time.Second)
-		defer cancel()
-		info, err := stream.Info(rc)
-		if err != nil || info.Cluster == nil {
-			return ""
-		}
-		return info.Cluster.Leader
-	}
-	survivorName := cluster.Servers[survivor].Name()
-	for range 5 { // the cut node must lead the stream, and the elector's node must not be it
-		if l := streamLeader(); l != "" && l != survivorName {
-			break
-		}
-		_, err := nc.Request("$JS.API.STREAM.LEADER.STEPDOWN.KV_leases", nil, 5*time.Second)
-		require.NoError(t, err)
-		require.Eventually(t, func() bool { return streamLeader() != "" }, 10*time.Second, 20*time.Millisecond)
-	}
-	victim := -1
-	for i, srv := range cluster.Servers {
-		if srv.Name() == streamLeader() {
-			victim = i
-		}
-	}
-	require.Positive(t, victim, "KV_leases is led by a node other than the elector's")
+	victim := cluster.MoveStreamLeaderOff(t, js, "KV_leases", survivor)
 
-	ch := &changes{gained: make(chan struct{}, 1)}
-	el := New(Config{KV: kv, Key: "svc", Holder: "a", Role: "test", TTL: ttl, Renew: renew, Acquire: renew,
-		Log: fleettest.Logger(t), OnChange: ch.record, Conn: nc})
-	runCtx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); el.Run(runCtx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	el, ch := startWith(t, Config{KV: kv, Key: "svc", Holder: "a", Role: "test", TTL: ttl, Renew: renew, Acquire: renew,
+		Log: fleettest.Logger(t), Conn: nc})
 	waitGained(t, ch, 10*time.Second)
 	revision := func() uint64 { // zero while the stream has no leader to answer
 		rc, cancel := context.WithTimeout(ctx, time.Second)
@@ -354,16 +326,7 @@ func TestLeaseIsRenewedSoonAfterItsBucketElects(t *testing.T) {
 	var before uint64
 	require.Eventually(t, func() bool { before = revision(); return before > first }, 10*time.Second, 10*time.Millisecond)
 
-	cluster.Cut(victim)
-	cut := time.Now()
-	var elected time.Time
-	require.Eventually(t, func() bool { // polling the stream's state: the server sends no event for an election
-		if l := streamLeader(); l == "" || l == cluster.Servers[victim].Name() {
-			return false
-		}
-		elected = time.Now()
-		return true
-	}, time.Minute, 50*time.Millisecond, "KV_leases elects another leader")
+	cut, elected := cluster.CutUntilElected(t, js, "KV_leases", victim)
 	var renewed time.Time
 	require.Eventually(t, func() bool {
 		renewed = time.Now()

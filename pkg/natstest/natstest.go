@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -146,6 +147,74 @@ func (c *Cluster) Cut(i int) { c.eachRouteOf(i, (*Proxy).Pause) }
 
 // Heal lets the routes of node i pass again, what they held first.
 func (c *Cluster) Heal(i int) { c.eachRouteOf(i, (*Proxy).Unpause) }
+
+// StreamLeader is the name of the node that leads stream, or "" while it
+// has no leader, or none that answers within a second.
+func StreamLeader(ctx context.Context, js jetstream.JetStream, stream string) string {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return ""
+	}
+	info, err := s.Info(ctx)
+	if err != nil || info.Cluster == nil {
+		return ""
+	}
+	return info.Cluster.Leader
+}
+
+// StepDownStream asks stream's leader to step down, so that the others
+// elect one of them, and waits until the stream is led again.
+func StepDownStream(t testing.TB, js jetstream.JetStream, stream string) {
+	t.Helper()
+	if _, err := js.Conn().Request("$JS.API.STREAM.LEADER.STEPDOWN."+stream, nil, 5*time.Second); err != nil {
+		t.Fatalf("natstest: step down the leader of %s: %v", stream, err)
+	}
+	awaitLeader(t, js, stream, 10*time.Second, "a leader", func(string) bool { return true })
+}
+
+// MoveStreamLeaderOff steps stream's leader down until a node other than
+// node keep leads it, and returns that node's index: the node a test cuts
+// off while its clients stay on node keep.
+func (c *Cluster) MoveStreamLeaderOff(t testing.TB, js jetstream.JetStream, stream string, keep int) int {
+	t.Helper()
+	ctx := context.Background()
+	for range 5 { // each election picks one of the three at random
+		if l := StreamLeader(ctx, js, stream); l != "" && l != c.Servers[keep].Name() {
+			return slices.IndexFunc(c.Servers, func(s *server.Server) bool { return s.Name() == l })
+		}
+		StepDownStream(t, js, stream)
+	}
+	t.Fatalf("natstest: %s is still led by node %d after five step-downs", stream, keep)
+	return -1
+}
+
+// CutUntilElected cuts node i off (Cut) and waits until another node leads
+// stream. It returns when the cut was made and when the election was seen;
+// the server sends no event for an election, so this polls.
+func (c *Cluster) CutUntilElected(t testing.TB, js jetstream.JetStream, stream string, i int) (cut, elected time.Time) {
+	t.Helper()
+	c.Cut(i)
+	cut = time.Now()
+	awaitLeader(t, js, stream, time.Minute, "a leader other than the cut node", func(l string) bool { return l != c.Servers[i].Name() })
+	return cut, time.Now()
+}
+
+// awaitLeader polls until stream has a leader that accept takes; want
+// says which, for the failure.
+func awaitLeader(t testing.TB, js jetstream.JetStream, stream string, timeout time.Duration, want string, accept func(leader string) bool) {
+	t.Helper()
+	for deadline := time.Now().Add(timeout); ; {
+		if l := StreamLeader(context.Background(), js, stream); l != "" && accept(l) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("natstest: %s has no %s after %s", stream, want, timeout)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the stream's state: there is no event to wait on
+	}
+}
 
 func (c *Cluster) eachRouteOf(i int, do func(*Proxy)) {
 	if c.routeProxies == nil {

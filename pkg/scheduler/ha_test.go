@@ -3,14 +3,12 @@ package scheduler_test
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
@@ -450,26 +448,7 @@ func TestFiresResumeSoonAfterTheJobsStreamElects(t *testing.T) {
 	c := ctx(t, 2*time.Minute)
 	jobs, err := f.js.Stream(c, protocol.StreamJobs)
 	require.NoError(t, err)
-	jobsLeader := func() string { // empty while JOBS has no leader, or none that answers
-		rc, cancel := context.WithTimeout(c, time.Second)
-		defer cancel()
-		info, err := jobs.Info(rc)
-		if err != nil || info.Cluster == nil {
-			return ""
-		}
-		return info.Cluster.Leader
-	}
-	survivorName := cluster.Servers[survivor].Name()
-	for range 5 { // the cut node must lead JOBS, and the scheduler's node must not be it
-		if l := jobsLeader(); l != "" && l != survivorName {
-			break
-		}
-		_, err := f.nc.Request("$JS.API.STREAM.LEADER.STEPDOWN."+protocol.StreamJobs, nil, 5*time.Second)
-		require.NoError(t, err)
-		require.Eventually(t, func() bool { return jobsLeader() != "" }, 10*time.Second, 20*time.Millisecond)
-	}
-	victim := slices.IndexFunc(cluster.Servers, func(s *server.Server) bool { return s.Name() == jobsLeader() })
-	require.Positive(t, victim, "JOBS is led by a node other than the scheduler's")
+	victim := cluster.MoveStreamLeaderOff(t, f.js, protocol.StreamJobs, survivor)
 
 	const publishTimeout, resendAfter = 30 * time.Second, 2 * time.Second
 	r := f.replica(scheduler.Config{PublishTimeout: publishTimeout, ResendAfter: resendAfter, MisfireThreshold: time.Minute}, clock.Real())
@@ -487,16 +466,7 @@ func TestFiresResumeSoonAfterTheJobsStreamElects(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return !lastStored().IsZero() }, 10*time.Second, 50*time.Millisecond, "the schedule fires")
 
-	cluster.Cut(victim)
-	cut := time.Now()
-	var elected time.Time
-	require.Eventually(t, func() bool { // polling the stream's state: the server sends no event for an election
-		if l := jobsLeader(); l == "" || l == cluster.Servers[victim].Name() {
-			return false
-		}
-		elected = time.Now()
-		return true
-	}, time.Minute, 50*time.Millisecond, "JOBS elects another leader")
+	cut, elected := cluster.CutUntilElected(t, f.js, protocol.StreamJobs, victim)
 	var resumed time.Time
 	require.Eventually(t, func() bool {
 		resumed = lastStored()
