@@ -242,9 +242,10 @@ func waitFiredRun(ctx context.Context, client *jetfleet.Client, workflow, jobID 
 		}
 		return nil, err
 	}
-	// The leader reports the run's end (the job's among it) before it
-	// stores the ended run (docs/workflows.md): the run may be listed a
-	// moment after the job's end, and ended a moment after that.
+	// The run is listed from its start; the leader reports its end (the
+	// job's among it) before it stores the ended run (docs/workflows.md),
+	// so WaitWorkflowRun waits for that. The listing is read again only if
+	// the run is missing from it, which a fleet in order does not show.
 	for {
 		runs, err := client.WorkflowRuns(wctx, jetfleet.WorkflowRunsRequest{Workflow: workflow, Limit: jetfleet.MaxWorkflowRunsLimit})
 		if err != nil {

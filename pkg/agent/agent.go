@@ -263,7 +263,7 @@ func (a *Agent) Start(ctx context.Context) error {
 		}
 		a.queues = append(a.queues, &queueState{name: q, ackWait: cons.CachedInfo().Config.AckWait})
 	}
-	a.fleet = newFleetView(a.agentsKV, a.cfg.ID, a.logger)
+	a.fleet = newFleetView(a.js, a.agentsKV, a.cfg.ID, a.logger)
 	if err := a.fleet.start(ctx, runCtx, &a.runner); err != nil {
 		return fmt.Errorf("agent: watch agents: %w", err)
 	}
@@ -272,7 +272,7 @@ func (a *Agent) Start(ctx context.Context) error {
 		return fmt.Errorf("agent: bucket %s: %w", protocol.BucketCancels, err)
 	}
 	a.cancels = newCancelView(a.logger, a.cancelStarted)
-	if err := mirrorBucket(ctx, runCtx, &a.runner, cancelsKV, a.cancels.apply); err != nil {
+	if err := mirrorBucket(ctx, runCtx, &a.runner, a.js, cancelsKV, a.cancels.apply); err != nil {
 		return fmt.Errorf("agent: watch cancels: %w", err)
 	}
 	limitsKV, err := a.js.KeyValue(ctx, protocol.BucketLimits)
@@ -280,7 +280,7 @@ func (a *Agent) Start(ctx context.Context) error {
 		return fmt.Errorf("agent: bucket %s: %w", protocol.BucketLimits, err)
 	}
 	a.limits = newFleetLimits(a.js, limitsKV, a.cfg.ID, a.logger)
-	if err := mirrorBucket(ctx, runCtx, &a.runner, limitsKV, a.limits.apply); err != nil {
+	if err := mirrorBucket(ctx, runCtx, &a.runner, a.js, limitsKV, a.limits.apply); err != nil {
 		return fmt.Errorf("agent: watch limits: %w", err)
 	}
 	a.runner.Go(a.limits.renewLoop)

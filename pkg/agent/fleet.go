@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -22,6 +21,7 @@ import (
 // kinds, so a job of a kind this agent does not run is passed on rather
 // than dead-lettered when another agent of its queue runs it.
 type fleetView struct {
+	js     jetstream.JetStream
 	kv     jetstream.KeyValue
 	self   string
 	logger *slog.Logger
@@ -58,8 +58,8 @@ type registration struct {
 	revision uint64
 }
 
-func newFleetView(kv jetstream.KeyValue, self string, logger *slog.Logger) *fleetView {
-	return &fleetView{kv: kv, self: self, logger: logger, agents: map[string]registration{}}
+func newFleetView(js jetstream.JetStream, kv jetstream.KeyValue, self string, logger *slog.Logger) *fleetView {
+	return &fleetView{js: js, kv: kv, self: self, logger: logger, agents: map[string]registration{}}
 }
 
 // start loads the registrations already in the bucket (while ctx allows),
@@ -67,18 +67,18 @@ func newFleetView(kv jetstream.KeyValue, self string, logger *slog.Logger) *flee
 // the agent starts must see the agents that were live before it.
 func (f *fleetView) start(ctx, runCtx context.Context, runner *lifecycle.Runner) error {
 	f.runner = runner
-	return mirrorBucket(ctx, runCtx, runner, f.kv, f.apply)
+	return mirrorBucket(ctx, runCtx, runner, f.js, f.kv, f.apply)
 }
 
 // mirrorBucket applies every entry of kv to apply: those stored now before
 // it returns (while ctx allows), the later changes on a goroutine of runner
 // until runCtx ends.
-func mirrorBucket(ctx, runCtx context.Context, runner *lifecycle.Runner, kv jetstream.KeyValue, apply func(jetstream.KeyValueEntry)) error {
+func mirrorBucket(ctx, runCtx context.Context, runner *lifecycle.Runner, js jetstream.JetStream, kv jetstream.KeyValue, apply func(jetstream.KeyValueEntry)) error {
 	w, err := kv.WatchAll(runCtx)
 	if err != nil {
 		return err
 	}
-	if err := loadInitial(ctx, w, apply); err != nil {
+	if err := protocol.AwaitCurrent(ctx, js, kv.Bucket(), ">", w, apply); err != nil {
 		_ = w.Stop()
 		return fmt.Errorf("bucket %s: %w", kv.Bucket(), err)
 	}
@@ -91,25 +91,6 @@ func mirrorBucket(ctx, runCtx context.Context, runner *lifecycle.Runner, kv jets
 		}
 	})
 	return nil
-}
-
-// loadInitial applies the watcher's initial values, up to the nil entry
-// that marks their end.
-func loadInitial(ctx context.Context, w jetstream.KeyWatcher, apply func(jetstream.KeyValueEntry)) error {
-	for {
-		select {
-		case entry, ok := <-w.Updates():
-			if !ok {
-				return errors.New("watch closed while loading")
-			}
-			if entry == nil {
-				return nil
-			}
-			apply(entry)
-		case <-ctx.Done():
-			return fmt.Errorf("loading: %w", ctx.Err())
-		}
-	}
 }
 
 func (f *fleetView) apply(entry jetstream.KeyValueEntry) {
@@ -210,10 +191,12 @@ func (f *fleetView) runRefreshes(runCtx context.Context, call *refreshCall) {
 
 // readBucket applies the bucket's current registrations.
 func (f *fleetView) readBucket(ctx context.Context) error {
-	w, err := f.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	entries, err := protocol.ReadBucket(ctx, f.js, f.kv, ">")
 	if err != nil {
 		return err
 	}
-	defer func() { _ = w.Stop() }()
-	return loadInitial(ctx, w, f.apply)
+	for _, e := range entries {
+		f.apply(e)
+	}
+	return nil
 }

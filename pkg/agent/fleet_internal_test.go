@@ -31,7 +31,7 @@ func TestConfirmedRunnerOfReadsTheBucketBeforeSayingNo(t *testing.T) {
 	_, err = runner.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = runner.Stop(context.Background()) }()
-	view := newFleetView(kv, "self", slog.New(slog.DiscardHandler))
+	view := newFleetView(js, kv, "self", slog.New(slog.DiscardHandler))
 	view.runner = &runner // started, but never watching: every registration comes from a read
 
 	assert.Empty(t, view.confirmedRunnerOf(ctx, "default", "count-rows"), "nobody runs it")

@@ -100,14 +100,15 @@ func (c *Client) Limits(ctx context.Context) ([]LimitInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	lister, err := kv.ListKeys(ctx)
+	entries, err := protocol.ReadBucket(ctx, c.js, kv, ">", jetstream.MetaOnly())
 	if err != nil {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "list bucket %s: %v", protocol.BucketLimits, err)
 	}
 	byKind := map[string]*LimitInfo{}
 	slots := map[string]int{}
 	var rates []string
-	for key := range lister.Keys() {
+	for _, entry := range entries {
+		key := entry.Key()
 		k, ok := protocol.ParseLimitKey(key)
 		if !ok {
 			continue

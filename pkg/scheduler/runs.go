@@ -455,11 +455,10 @@ func (s *Scheduler) holdersOf(ctx context.Context, r run) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	stored, err := protocol.ReadBucket(ctx, s.js, kv, ">")
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = w.Stop() }()
 	type entry struct {
 		id     string
 		hb     *jetfleetpb.Heartbeat
@@ -469,22 +468,13 @@ func (s *Scheduler) holdersOf(ctx context.Context, r run) ([]string, error) {
 	// clocks (protocol.RegistrationFresh): read every entry first.
 	var entries []entry
 	var newest time.Time
-	for done := false; !done; {
-		select {
-		case kve := <-w.Updates():
-			if kve == nil {
-				done = true // every agent seen
-				break
+	for _, kve := range stored {
+		var hb jetfleetpb.Heartbeat
+		if protocol.Unmarshal(kve.Value(), &hb) == nil {
+			entries = append(entries, entry{kve.Key(), &hb, kve.Created()})
+			if kve.Created().After(newest) {
+				newest = kve.Created()
 			}
-			var hb jetfleetpb.Heartbeat
-			if protocol.Unmarshal(kve.Value(), &hb) == nil {
-				entries = append(entries, entry{kve.Key(), &hb, kve.Created()})
-				if kve.Created().After(newest) {
-					newest = kve.Created()
-				}
-			}
-		case <-ctx.Done():
-			return nil, ctx.Err()
 		}
 	}
 	var holders []string

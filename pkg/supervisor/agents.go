@@ -147,30 +147,49 @@ func (t *tracker) start(ctx context.Context) error {
 	}
 	t.s.runner.Go(func(ctx context.Context) {
 		defer func() { _ = sub.Unsubscribe() }()
-		defer func() { _ = w.Stop() }()
-		var initial []jetstream.KeyValueEntry
-		loaded := false
 		for {
-			select {
-			case <-ctx.Done():
+			err := t.follow(ctx, w)
+			_ = w.Stop()
+			if err == nil || ctx.Err() != nil {
 				return
-			case entry, ok := <-w.Updates():
-				switch {
-				case !ok:
-					return
-				case entry == nil: // the registrations stored at start are all here
-					t.load(initial)
-					initial, loaded = nil, true
-					t.s.agentsLoaded.Store(true)
-				case !loaded:
-					initial = append(initial, entry)
-				default:
-					t.applyEntry(entry, 0)
-				}
+			}
+			t.s.log.Warn("cannot read the agent registry; reading it again", telemetry.LogError, err)
+			for w = nil; w == nil && ctx.Err() == nil; {
+				sleepCtx(ctx, time.Second)
+				w, _ = t.s.agentsKV.WatchAll(ctx)
+			}
+			if w == nil {
+				return
 			}
 		}
 	})
 	return nil
+}
+
+// follow loads the registrations stored now through watcher w, then
+// applies their changes until ctx ends or w closes. Only a failed load is
+// an error: the caller reads the registry again.
+func (t *tracker) follow(ctx context.Context, w jetstream.KeyWatcher) error {
+	var initial []jetstream.KeyValueEntry
+	collect := func(e jetstream.KeyValueEntry) { initial = append(initial, e) }
+	if err := protocol.AwaitCurrent(ctx, t.s.js, protocol.BucketAgents, ">", w, collect); err != nil {
+		return err
+	}
+	t.load(initial)
+	t.s.agentsLoaded.Store(true)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case entry, ok := <-w.Updates():
+			if !ok {
+				return nil
+			}
+			if entry != nil {
+				t.applyEntry(entry, 0)
+			}
+		}
+	}
 }
 
 // load applies the registrations stored when the supervisor started. Their

@@ -280,22 +280,14 @@ func (w *workflows) apiRunGet(ctx context.Context, data []byte) (any, error) {
 
 // each calls fn with every current entry of bucket kv.
 func (w *workflows) each(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.KeyValueEntry)) error {
-	watcher, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	entries, err := protocol.ReadBucket(ctx, w.s.js, kv, ">")
 	if err != nil {
 		return err
 	}
-	defer func() { _ = watcher.Stop() }()
-	for {
-		select {
-		case e := <-watcher.Updates():
-			if e == nil {
-				return nil // the initial values are all delivered
-			}
-			fn(e)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	for _, e := range entries {
+		fn(e)
 	}
+	return nil
 }
 
 func runSummary(r *workflow.Run) jetfleet.WorkflowRunSummary {

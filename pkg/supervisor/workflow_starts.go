@@ -283,23 +283,15 @@ func (w *workflows) recoverStarts(ctx context.Context) {
 
 // intents lists the keys of the starts under way.
 func (w *workflows) intents(ctx context.Context) ([]string, error) {
-	watcher, err := w.runs.Watch(ctx, startIntentPrefix+"*", jetstream.IgnoreDeletes(), jetstream.MetaOnly())
+	entries, err := protocol.ReadBucket(ctx, w.s.js, w.runs, startIntentPrefix+"*", jetstream.MetaOnly())
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = watcher.Stop() }()
-	var keys []string
-	for {
-		select {
-		case e := <-watcher.Updates():
-			if e == nil {
-				return keys, nil
-			}
-			keys = append(keys, e.Key())
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
+	keys := make([]string, 0, len(entries))
+	for _, e := range entries {
+		keys = append(keys, e.Key())
 	}
+	return keys, nil
 }
 
 func (w *workflows) definition(ctx context.Context, name string) (*protocol.WorkflowDefinition, jetstream.KeyValueEntry, error) {
