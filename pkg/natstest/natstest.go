@@ -20,6 +20,7 @@ import (
 
 	"github.com/jetfleet/jetfleet/pkg/embedded"
 	"github.com/jetfleet/jetfleet/pkg/natstest/freeport"
+	"github.com/jetfleet/jetfleet/pkg/topology"
 )
 
 // Server starts a single JetStream server for the test and shuts it down
@@ -334,7 +335,7 @@ func (c *Cluster) WaitForPlacement(t testing.TB, timeout time.Duration) {
 			return
 		}
 		var apiErr *jetstream.APIError
-		if !errors.As(err, &apiErr) || apiErr.ErrorCode != jsErrCodeNoPeers {
+		if !errors.As(err, &apiErr) || apiErr.ErrorCode != topology.ErrCodeNoPeers {
 			t.Fatalf("natstest: placement probe: %v", err)
 		}
 		select {
@@ -344,9 +345,6 @@ func (c *Cluster) WaitForPlacement(t testing.TB, timeout time.Duration) {
 		}
 	}
 }
-
-// jsErrCodeNoPeers is JetStream's "no suitable peers for placement".
-const jsErrCodeNoPeers jetstream.ErrorCode = 10005
 
 func freePort(t testing.TB) int {
 	t.Helper()

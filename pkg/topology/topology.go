@@ -297,9 +297,9 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 	}
 }
 
-// errCodeNoPeers is JetStream's "no suitable peers for placement": a node
+// ErrCodeNoPeers is JetStream's "no suitable peers for placement": a node
 // is offline, or a cluster just formed has not heard every node's state yet.
-const errCodeNoPeers jetstream.ErrorCode = 10005
+const ErrCodeNoPeers jetstream.ErrorCode = 10005
 
 // placementRetry is the wait before a create refused for placement is
 // tried again.
@@ -312,7 +312,7 @@ func whilePeersReport(ctx context.Context, create func() error) error {
 	for {
 		err := create()
 		var apiErr *jetstream.APIError
-		if err == nil || !errors.As(err, &apiErr) || apiErr.ErrorCode != errCodeNoPeers {
+		if err == nil || !errors.As(err, &apiErr) || apiErr.ErrorCode != ErrCodeNoPeers {
 			return err
 		}
 		select {
