@@ -140,10 +140,12 @@ func (h *hub) start(ctx, runCtx context.Context) error {
 			return err
 		}
 		h.watchers = append(h.watchers, w)
+		// The current values, before the first page is served.
+		if err := protocol.AwaitCurrent(ctx, h.d.js, b.bucket, ">", w, b.fn); err != nil {
+			return err
+		}
 		fn := b.fn
-		initial := make(chan struct{})
 		h.d.runner.Go(func(ctx context.Context) {
-			done := false
 			for {
 				select {
 				case <-ctx.Done():
@@ -152,22 +154,12 @@ func (h *hub) start(ctx, runCtx context.Context) error {
 					if !ok {
 						return
 					}
-					if e == nil {
-						if !done {
-							done = true
-							close(initial)
-						}
-						continue
+					if e != nil {
+						fn(e)
 					}
-					fn(e)
 				}
 			}
 		})
-		select { // the initial values, before the first page is served
-		case <-initial:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
 	}
 	return nil
 }
