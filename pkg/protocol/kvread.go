@@ -3,6 +3,7 @@ package protocol
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -58,15 +59,21 @@ func ReadBucket(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyVal
 // (its value aged out under the bucket's TTL, say) is no longer waited for.
 // w must not ignore deletions: a deleted key comes as its delete marker.
 func AwaitCurrent(ctx context.Context, js jetstream.JetStream, bucket, keys string, w jetstream.KeyWatcher, apply func(jetstream.KeyValueEntry)) error {
-	stream, err := js.Stream(ctx, "KV_"+bucket)
-	if err != nil {
-		return fmt.Errorf("bucket %s: %w", bucket, err)
-	}
 	prefix := "$KV." + bucket + "."
+	var stream jetstream.Stream
 	stored := func() (map[string]bool, error) {
+		ctx, cancel := context.WithTimeout(ctx, awaitCurrentAttempt)
+		defer cancel()
+		if stream == nil {
+			s, err := js.Stream(ctx, "KV_"+bucket)
+			if err != nil {
+				return nil, err
+			}
+			stream = s
+		}
 		info, err := stream.Info(ctx, jetstream.WithSubjectFilter(prefix+keys))
 		if err != nil {
-			return nil, fmt.Errorf("list the keys of bucket %s: %w", bucket, err)
+			return nil, err
 		}
 		set := make(map[string]bool, len(info.State.Subjects))
 		for subject := range info.State.Subjects {
@@ -74,9 +81,19 @@ func AwaitCurrent(ctx context.Context, js jetstream.JetStream, bucket, keys stri
 		}
 		return set, nil
 	}
+	// A server that does not answer now (an election, a restart) may
+	// answer in a moment: only ctx bounds the wait.
 	waiting, err := stored()
-	if err != nil {
-		return err
+	for err != nil {
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("bucket %s: %w", bucket, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("list the keys of bucket %s: %w (%w)", bucket, ctx.Err(), err)
+		case <-time.After(awaitCurrentRecheck):
+		}
+		waiting, err = stored()
 	}
 	recheck := time.NewTicker(awaitCurrentRecheck)
 	defer recheck.Stop()
@@ -96,7 +113,7 @@ func AwaitCurrent(ctx context.Context, js jetstream.JetStream, bucket, keys stri
 			// message (TTL, purge): it will not come.
 			now, err := stored()
 			if err != nil {
-				return err
+				continue // checked again at the next tick
 			}
 			for key := range waiting {
 				if !now[key] {
@@ -111,5 +128,9 @@ func AwaitCurrent(ctx context.Context, js jetstream.JetStream, bucket, keys stri
 }
 
 // awaitCurrentRecheck is how often AwaitCurrent checks that the keys it
-// still waits for are stored.
-const awaitCurrentRecheck = 250 * time.Millisecond
+// still waits for are stored, and how long it pauses before it asks again
+// for a listing of them that failed; awaitCurrentAttempt bounds each ask.
+const (
+	awaitCurrentRecheck = 250 * time.Millisecond
+	awaitCurrentAttempt = 2 * time.Second
+)

@@ -7,10 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/jetfleet/jetfleet/pkg/embedded"
 	"github.com/jetfleet/jetfleet/pkg/fleettest"
 	"github.com/jetfleet/jetfleet/pkg/natstest"
 	"github.com/jetfleet/jetfleet/pkg/protocol"
@@ -132,4 +134,40 @@ func TestAwaitCurrentStopsWaitingForAKeyThatAgedOut(t *testing.T) {
 	assert.Equal(t, []string{"other.key"}, applied)
 	_, err = kv.Get(ctx, "short.lived")
 	assert.ErrorIs(t, err, jetstream.ErrKeyNotFound, "it ended because the key is gone")
+}
+
+// TestAwaitCurrentWaitsOutARestartingServer: a reading that begins while
+// its server is down ends, complete, once the server is back.
+func TestAwaitCurrentWaitsOutARestartingServer(t *testing.T) {
+	t.Parallel()
+	srv := natstest.RestartableServer(t, embedded.Options{})
+	nc := natstest.ConnectURL(t, srv.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx := fleettest.Ctx(t, time.Minute)
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "b"})
+	require.NoError(t, err)
+	for _, key := range []string{"k1", "k2"} {
+		_, err := kv.PutString(ctx, key, key)
+		require.NoError(t, err)
+	}
+	w, err := kv.WatchAll(ctx)
+	require.NoError(t, err)
+	defer func() { _ = w.Stop() }()
+	srv.Stop()
+	done := make(chan error, 1)
+	var applied []string
+	go func() {
+		done <- protocol.AwaitCurrent(ctx, js, "b", ">", w, func(e jetstream.KeyValueEntry) { applied = append(applied, e.Key()) })
+	}()
+	// Down for longer than one ask of the listing waits (2 s): the reading
+	// asks again rather than give up.
+	select {
+	case err := <-done:
+		t.Fatalf("the reading ended while its server was down: %v", err)
+	case <-time.After(3 * time.Second):
+	}
+	srv.Start(t)
+	require.NoError(t, <-done)
+	assert.ElementsMatch(t, []string{"k1", "k2"}, applied)
 }
