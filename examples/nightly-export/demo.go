@@ -134,6 +134,9 @@ func RunDemo(ctx context.Context, cfg DemoConfig, out io.Writer, logger *slog.Lo
 	fmt.Fprintf(out, "stored workflow %s: %d steps; a file's attempts %s apart (workflow.json says 30s)\n",
 		wf.Name, len(wf.Steps), cfg.Backoff)
 	stored, err := client.AddSchedule(ctx, sched)
+	if errors.Is(err, protocol.Code(protocol.CodeAlreadyExists)) {
+		stored, err = client.UpdateSchedule(ctx, sched, 0) // an earlier demo's, or schedule.json stored by hand
+	}
 	if err != nil {
 		return fmt.Errorf("storing the schedule: %w", err)
 	}

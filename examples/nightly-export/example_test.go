@@ -310,6 +310,15 @@ func TestDemo(t *testing.T) {
 	assert.Contains(t, readFile(t, report), "FAILED    refunds.csv  ")
 	al := waitAlert(t, ex.alerts, "workflow_failed")
 	assert.Equal(t, "workflow_failed:"+runID+":0", al.GetKey(), "the run's one alert")
+
+	// Run again on the same fleet, the schedule stored by the first: it is
+	// stored again, and fired again.
+	out.Reset()
+	require.NoError(t, RunDemo(ctx, DemoConfig{URL: ex.url, Dir: ex.dir, ExampleDir: ".", Backoff: time.Second}, &out,
+		fleettest.Logger(t).With("demo", "again")), "a second demo")
+	runs, err = ex.client.WorkflowRuns(ctx, jetfleet.WorkflowRunsRequest{Workflow: "nightly-export"})
+	require.NoError(t, err)
+	assert.Len(t, runs, 2, "a run for each demo")
 }
 
 // exportFile are the arguments of a job of export-file sent by hand.

@@ -16,7 +16,7 @@ import (
 
 func init() {
 	register(&command{name: "jobs", summary: "running jobs, a job's status, execution history and cancels: jobs ls|get|history|cancel", subs: []*command{
-		{name: "ls", summary: "List the jobs agents run now, from their heartbeats; with -state, the jobs in a state (queued, delayed, running, failed, succeeded, dead).", fleet: true, output: true, setup: setupJobsList},
+		{name: "ls", summary: "List the jobs agents run now, from their heartbeats; with -state, the jobs in a state (queued, delayed, running, failed, succeeded, dead, cancelled).", fleet: true, output: true, setup: setupJobsList},
 		{name: "get", args: "<job_id>", summary: "Print a job's status: its latest event, and where it runs now.",
 			fleet: true, output: true, setup: setupJobsGet},
 		{name: "history", args: "(-kind k [-queue q] | -schedule id)", summary: "Print the last executions of a job kind or a schedule, and their statistics.",

@@ -25,7 +25,7 @@ type stateFlags struct {
 
 func addStateFlags(fs *flag.FlagSet) *stateFlags {
 	var s stateFlags
-	fs.StringVar(&s.state, "state", "", "list the jobs in this `state`: queued, delayed, running, failed, succeeded or dead")
+	fs.StringVar(&s.state, "state", "", "list the jobs in this `state`: queued, delayed, running, failed, succeeded, dead or cancelled")
 	fs.StringVar(&s.schedule, "schedule", "", "with -state: only jobs of this schedule `id`")
 	fs.StringVar(&s.since, "since", "", "with -state: only jobs since this RFC 3339 `time` or this long ago (1h)")
 	fs.StringVar(&s.until, "until", "", "with -state: only jobs until this RFC 3339 `time` or this long ago")

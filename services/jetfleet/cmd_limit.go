@@ -106,7 +106,7 @@ func setupLimitSet(fs *flag.FlagSet) action {
 				doc.Period = limit.Period.String()
 			}
 			return inv.print(map[string]any{"queue": queue, "kind": kind, "limit": doc}, func(out io.Writer) error {
-				_, err := fmt.Fprintf(out, "limit set: %s/%s %s\n", queue, kind, doc)
+				_, err := fmt.Fprintf(out, "limit set: %s/%s %s\n%s", queue, kind, doc, unknownQueueNote(ctx, api, queue))
 				return err
 			})
 		})

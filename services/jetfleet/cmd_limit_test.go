@@ -32,7 +32,9 @@ func TestLimitCommands(t *testing.T) {
 	cli := cliOn(ctx, srv)
 	out, err := cli("limit", "set", "default", "export", "-concurrency", "1", "-rate", "100/1m")
 	require.NoError(t, err, out)
-	assert.Equal(t, "limit set: default/export concurrency 1, rate 100 per 1m0s\n", out)
+	assert.Equal(t, "limit set: default/export concurrency 1, rate 100 per 1m0s\n"+
+		"note: no queue default exists yet; its jobs are dead-lettered as unroutable until an agent serves it, "+
+		"it is declared under topology.queues, or `jetfleet queue add default` creates it\n", out, "no agent has served default yet")
 
 	a, err := agent.New(env.Env.Conn, agent.Config{ID: "cli-limit"}, agent.WithEnv(env.Env))
 	require.NoError(t, err)
@@ -89,6 +91,15 @@ func TestLimitCommands(t *testing.T) {
 		require.Error(t, err, "%v", bad.args)
 		assert.Contains(t, err.Error(), bad.want, "%v", bad.args)
 	}
+
+	// A limit of a queue that does not exist is stored, with a note.
+	out, err = cli("limit", "set", "nosuchqueue", "export", "-concurrency", "2")
+	require.NoError(t, err, out)
+	assert.Equal(t, "limit set: nosuchqueue/export concurrency 2\n"+
+		"note: no queue nosuchqueue exists yet; its jobs are dead-lettered as unroutable until an agent serves it, "+
+		"it is declared under topology.queues, or `jetfleet queue add nosuchqueue` creates it\n", out)
+	_, err = cli("limit", "rm", "nosuchqueue", "export")
+	require.NoError(t, err)
 
 	out, err = cli("limit", "rm", "default", "export")
 	require.NoError(t, err)

@@ -118,17 +118,27 @@ func duration(flagName, v string) (jetfleet.Duration, error) {
 // build makes the definition of id from the flags, or reads the file.
 func (d *definitionFlags) build(id string) (*jetfleet.Schedule, error) {
 	if d.file != "" {
+		name := d.file
 		var data []byte
 		var err error
 		if d.file == "-" {
+			name = "standard input"
 			data, err = io.ReadAll(os.Stdin)
 		} else {
 			data, err = os.ReadFile(d.file)
 		}
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("-f: %w", err)
 		}
-		return jetfleet.DecodeSchedule(data)
+		doc, err := documentJSON(name, data)
+		if err != nil {
+			return nil, fmt.Errorf("-f: %w", err)
+		}
+		s, err := jetfleet.DecodeSchedule(doc)
+		if err != nil {
+			return nil, fmt.Errorf("-f: %s: %w", name, err)
+		}
+		return s, nil
 	}
 	s := &jetfleet.Schedule{ID: id, Description: d.description, Paused: d.paused, Note: d.note,
 		Spec:   jetfleet.Spec{Cron: d.cron, Zone: d.zone},
@@ -233,8 +243,11 @@ func setupScheduleAdd(fs *flag.FlagSet) action {
 		}
 		return inv.withAPI(ctx, func(ctx context.Context, api *jetfleet.Client) error {
 			info, err := api.AddSchedule(ctx, def)
-			if *replace && errors.Is(err, protocol.Code(protocol.CodeAlreadyExists)) {
+			exists := errors.Is(err, protocol.Code(protocol.CodeAlreadyExists))
+			if exists && *replace {
 				info, err = api.UpdateSchedule(ctx, def, 0)
+			} else if exists {
+				return fmt.Errorf("schedule %q exists: pass -replace to update it", def.ID)
 			}
 			if err != nil {
 				return err
@@ -242,6 +255,9 @@ func setupScheduleAdd(fs *flag.FlagSet) action {
 			return inv.print(info, func(out io.Writer) error {
 				fmt.Fprintf(out, "schedule %s stored (revision %d)\n", info.Schedule.ID, info.Revision)
 				printNextFires(out, info.NextFires)
+				if info.Schedule.Target.Workflow == "" {
+					fmt.Fprint(out, unknownQueueNote(ctx, api, info.Schedule.Target.Queue))
+				}
 				return nil
 			})
 		})

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -72,9 +73,29 @@ func TestScheduleCommand(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "spec.cron")
 
+	_, err = cli("add", "-every", "1h", "-kind", "report", "nightly")
+	require.Error(t, err)
+	assert.Equal(t, `schedule "nightly" exists: pass -replace to update it`, err.Error(), "names the flag the CLI has")
+
+	bad := filepath.Join(t.TempDir(), "bad.json")
+	require.NoError(t, os.WriteFile(bad, []byte(`{"id": "bad", "spec": [`), 0o600))
+	_, err = cli("add", "-f", bad)
+	require.Error(t, err)
+	assert.Equal(t, "-f: "+bad+": invalid JSON: line 1, column 24: unexpected end of the document", err.Error())
+
 	out, err = cli("add", "-replace", "-every", "1h", "-kind", "report", "nightly")
 	require.NoError(t, err)
 	assert.Contains(t, out, "stored (revision 2)")
+
+	// With a supervisor to list the queues: a target queue that does not
+	// exist is stored, with a note.
+	startSupervisor(ctx, t, srv)
+	out, err = cli("add", "-every", "1h", "-queue", "nosuchqueue", "-kind", "report", "elsewhere")
+	require.NoError(t, err)
+	assert.Contains(t, out, "schedule elsewhere stored")
+	assert.Contains(t, out, "\nnote: no queue nosuchqueue exists yet; its jobs are dead-lettered as unroutable until an agent serves it")
+	_, err = cli("rm", "elsewhere")
+	require.NoError(t, err)
 
 	out, err = cli("ls")
 	require.NoError(t, err)
