@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"html/template"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -14,6 +15,13 @@ import (
 
 var funcs = template.FuncMap{
 	"dur": fmtDur,
+	// plural counts: "1 step", "2 steps".
+	"plural": func(n int, noun string) string {
+		if n == 1 {
+			return "1 " + noun
+		}
+		return strconv.Itoa(n) + " " + noun + "s"
+	},
 	"ago": func(now, t time.Time) string {
 		if t.IsZero() {
 			return "—"

@@ -57,7 +57,7 @@ func (w *workflows) traceEnd(ctx context.Context, run *workflow.Run) {
 		attribute.Int("jetfleet.workflow_round", run.Round), attribute.Int("jetfleet.workflow_failed_steps", len(f.Steps)),
 		attribute.Int("jetfleet.workflow_failed_elements", len(f.Elements)))
 	if run.Status == workflow.StatusFailed {
-		span.SetStatus(codes.Error, fmt.Sprintf("%d steps and %d elements failed", len(f.Steps), len(f.Elements)))
+		span.SetStatus(codes.Error, f.Summary())
 	}
 	span.End()
 }
@@ -90,7 +90,7 @@ func (w *workflows) reportAsJob(ctx context.Context, run *workflow.Run, typ stri
 	default:
 		f := run.Failures()
 		ev.Type, ev.Reason = protocol.EventDead, reasonWorkflowFailed
-		ev.Error = fmt.Sprintf("workflow run %s failed: %d steps and %d elements failed", run.ID, len(f.Steps), len(f.Elements))
+		ev.Error = fmt.Sprintf("workflow run %s failed: %s", run.ID, f.Summary())
 		if run.Error != "" {
 			ev.Error = "workflow run " + run.ID + ": " + run.Error
 		}
@@ -116,8 +116,7 @@ func (w *workflows) alert(ctx context.Context, run *workflow.Run, f *workflow.Fa
 	for _, ef := range f.Elements {
 		fmt.Fprintf(&b, "step %s element %d %s: %s\n", ef.Step, ef.Index, ef.Item, ef.Error)
 	}
-	summary := fmt.Sprintf("workflow %s run %s failed: %d steps and %d elements failed", run.Workflow, run.ID,
-		len(f.Steps), len(f.Elements))
+	summary := fmt.Sprintf("workflow %s run %s failed: %s", run.Workflow, run.ID, f.Summary())
 	// The severity of the escalation policy's default: the per-job alerts
 	// of the steps' dead letters are left out for this one.
 	severity := w.s.cfg.Escalation.Default.Alert

@@ -152,6 +152,24 @@ type ElementFailure struct {
 // Empty says whether nothing failed.
 func (f Failures) Empty() bool { return len(f.Steps) == 0 && len(f.Elements) == 0 }
 
+// Summary says what failed: "2 elements failed", "1 step and 3 elements
+// failed".
+func (f Failures) Summary() string {
+	counted := func(n int, noun string) string {
+		if n == 1 {
+			return "1 " + noun
+		}
+		return fmt.Sprintf("%d %ss", n, noun)
+	}
+	switch {
+	case len(f.Steps) > 0 && len(f.Elements) > 0:
+		return counted(len(f.Steps), "step") + " and " + counted(len(f.Elements), "element") + " failed"
+	case len(f.Elements) > 0:
+		return counted(len(f.Elements), "element") + " failed"
+	}
+	return counted(len(f.Steps), "step") + " failed"
+}
+
 // Start creates a run of def and returns the jobs of its first steps.
 func Start(def protocol.WorkflowDefinition, runID string, input json.RawMessage) (*Run, Actions, error) {
 	if err := def.Validate(); err != nil {
