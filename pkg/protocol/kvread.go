@@ -132,5 +132,5 @@ func AwaitCurrent(ctx context.Context, js jetstream.JetStream, bucket, keys stri
 // for a listing of them that failed; awaitCurrentAttempt bounds each ask.
 const (
 	awaitCurrentRecheck = 250 * time.Millisecond
-	awaitCurrentAttempt = 2 * time.Second
+	awaitCurrentAttempt = 5 * time.Second
 )

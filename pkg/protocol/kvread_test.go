@@ -160,12 +160,12 @@ func TestAwaitCurrentWaitsOutARestartingServer(t *testing.T) {
 	go func() {
 		done <- protocol.AwaitCurrent(ctx, js, "b", ">", w, func(e jetstream.KeyValueEntry) { applied = append(applied, e.Key()) })
 	}()
-	// Down for longer than one ask of the listing waits (2 s): the reading
+	// Down for longer than one ask of the listing waits (5 s): the reading
 	// asks again rather than give up.
 	select {
 	case err := <-done:
 		t.Fatalf("the reading ended while its server was down: %v", err)
-	case <-time.After(3 * time.Second):
+	case <-time.After(6 * time.Second):
 	}
 	srv.Start(t)
 	require.NoError(t, <-done)
