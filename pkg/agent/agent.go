@@ -40,6 +40,9 @@ type Agent struct {
 	meter    metric.MeterProvider
 
 	kinds map[string]*kind
+	// started is set by Start: kinds is read without a lock from then on,
+	// so Register refuses.
+	started atomic.Bool
 	// execute is the whole execution of one job: tracing, logging and
 	// metrics around bookkeeping, the handler chain and settlement.
 	execute Handler
@@ -182,8 +185,12 @@ func (a *Agent) Name() string { return "agent " + a.cfg.ID }
 // Done is closed once a stopped agent's goroutines have all returned.
 func (a *Agent) Done() <-chan struct{} { return a.runner.Done() }
 
-// Register runs handler for jobs of kind. Call it before Start.
+// Register runs handler for jobs of kind. Call it before Start: after,
+// it returns an error.
 func (a *Agent) Register(kindName string, handler Handler, opts KindOptions) error {
+	if a.started.Load() {
+		return fmt.Errorf("agent: register kind %q before Start: agent %s already started", kindName, a.cfg.ID)
+	}
 	if err := protocol.ValidateToken("kind", kindName); err != nil {
 		return err
 	}
@@ -244,6 +251,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	if len(a.kinds) == 0 {
 		return errors.New("agent: no job kinds registered")
 	}
+	a.started.Store(true)
 	runCtx, err := a.runner.Begin(ctx)
 	if err != nil {
 		return err

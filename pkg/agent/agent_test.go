@@ -727,6 +727,28 @@ func TestStartFailsWithoutKinds(t *testing.T) {
 	assert.ErrorContains(t, err, "agent.queues")
 }
 
+// TestRegisterAfterStartIsRefused: the kinds are read without a lock once
+// the agent runs, so a kind registered after Start is an error, and the
+// agent runs the kinds it started with.
+func TestRegisterAfterStartIsRefused(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	a, err := agent.New(f.env.Env.Conn, agent.Config{ID: "late"}, agent.WithEnv(f.env.Env))
+	require.NoError(t, err)
+	require.NoError(t, a.Register("early", func(context.Context, *agent.Job) error { return nil }, agent.KindOptions{}))
+	require.NoError(t, a.Start(context.Background()))
+	t.Cleanup(func() { _ = a.Stop(context.Background()) })
+	err = a.Register("late", func(context.Context, *agent.Job) error { return nil }, agent.KindOptions{})
+	assert.EqualError(t, err, `agent: register kind "late" before Start: agent late already started`)
+	assert.ErrorContains(t, agent.AddHandler(a, func(context.Context, *agent.Job, lateArgs) error { return nil }),
+		"before Start")
+	assert.Equal(t, []string{"early"}, a.Kinds())
+}
+
+type lateArgs struct{}
+
+func (lateArgs) Kind() string { return "late-typed" }
+
 // TestMetricsCountJobsByOutcome reads the agent's metrics as /metrics serves
 // them: attempts by outcome and error code, their durations, and the jobs
 // running now, summed over the agents of one process (two agents share a

@@ -40,7 +40,7 @@ func Typed[T any](fn func(ctx context.Context, job *Job, payload T) error) Handl
 // takes), and each job's JSON payload is decoded into a T for the handler.
 // A payload that does not decode dead-letters the job with reason
 // malformed_payload. opts, at most one, configure the kind. Call it before
-// Start.
+// Start: after, it returns an error.
 func AddHandler[T jetfleet.Args](a *Agent, handle func(ctx context.Context, job *Job, args T) error, opts ...KindOptions) error {
 	if len(opts) > 1 {
 		return fmt.Errorf("agent: AddHandler takes at most one KindOptions, got %d", len(opts))

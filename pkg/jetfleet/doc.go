@@ -46,7 +46,8 @@
 // A job's status is its latest event (docs/protocol.md §3.3): Client.Job
 // reads it. Client.Wait waits until the job's run is over and returns its
 // final status; a job that was dead-lettered also returns a
-// *JobFailedError.
+// *JobFailedError, and a cancelled one returns no error with the State
+// "cancelled" (JobInfo.Succeeded tells success apart).
 //
 // # Handling jobs
 //

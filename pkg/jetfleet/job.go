@@ -49,7 +49,9 @@ func ProgressOfEvent(ev *jetfleetpb.JobEvent) *Progress {
 }
 
 // JobInfo is a job's status: what its latest event says (docs/protocol.md
-// §3.3). A job has no status until an agent takes it.
+// §3.3). A job that waits in its queue has none until an agent takes it
+// (Client.Job: not_found); a delayed job's is StateDelayed, and a job
+// cancelled before it ran has its cancelled event.
 type JobInfo struct {
 	ID    string `json:"job_id"`
 	Queue string `json:"queue"`
@@ -84,7 +86,8 @@ type JobInfo struct {
 const StateDelayed = "delayed"
 
 // Done reports whether the job's run is over: succeeded (or an earlier
-// delivery did, skipped_duplicate) or dead-lettered.
+// delivery did, skipped_duplicate), dead-lettered or cancelled. Succeeded
+// tells the first apart from the others.
 func (j *JobInfo) Done() bool { return protocol.RunOver(j.State) }
 
 // Succeeded reports whether the job's run succeeded.
@@ -187,7 +190,8 @@ type waitFor struct{ seq uint64 }
 func WaitForSequence(seq uint64) WaitOption { return func(w *waitFor) { w.seq = seq } }
 
 // Wait waits until the job's run is over and returns its final status; a
-// dead job also returns a *JobFailedError. It follows the job's stored
+// dead job also returns a *JobFailedError. A cancelled job returns no error
+// and the State "cancelled": check Succeeded, not only the error. It follows the job's stored
 // events (an ordered consumer: the latest of each type, then every new one
 // in stream order), so no event falls between reading the state and
 // following it. Without WaitForSequence, the latest run is meant: the
