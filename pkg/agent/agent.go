@@ -185,8 +185,9 @@ func (a *Agent) Name() string { return "agent " + a.cfg.ID }
 // Done is closed once a stopped agent's goroutines have all returned.
 func (a *Agent) Done() <-chan struct{} { return a.runner.Done() }
 
-// Register runs handler for jobs of kind. Call it before Start: after,
-// it returns an error.
+// Register runs handler for jobs of kind. Call it before Start, not while
+// Start runs: after, it returns an error, as the running agent reads its
+// kinds without a lock.
 func (a *Agent) Register(kindName string, handler Handler, opts KindOptions) error {
 	if a.started.Load() {
 		return fmt.Errorf("agent: register kind %q before Start: agent %s already started", kindName, a.cfg.ID)

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -80,7 +79,7 @@ func mirrorBucket(ctx, runCtx context.Context, runner *lifecycle.Runner, js jets
 	}
 	if err := protocol.AwaitCurrent(ctx, js, kv.Bucket(), ">", w, apply); err != nil {
 		_ = w.Stop()
-		return fmt.Errorf("bucket %s: %w", kv.Bucket(), err)
+		return err // it names the bucket
 	}
 	runner.Go(func(context.Context) {
 		defer func() { _ = w.Stop() }()
@@ -191,7 +190,7 @@ func (f *fleetView) runRefreshes(runCtx context.Context, call *refreshCall) {
 
 // readBucket applies the bucket's current registrations.
 func (f *fleetView) readBucket(ctx context.Context) error {
-	entries, err := protocol.ReadBucket(ctx, f.js, f.kv, ">")
+	entries, err := protocol.ReadBucket(ctx, f.js, f.kv, ">", false)
 	if err != nil {
 		return err
 	}

@@ -89,9 +89,10 @@ func WithProcessIn(d time.Duration) EnqueueOption {
 }
 
 // WithHeader adds a header to the job's message (for a handler that reads
-// job.Headers). Jetfleet-* and Nats-* headers are the options' to set: one
-// given here is passed on and read as the protocol says (docs/protocol.md
-// §2), and Enqueue refuses a value an agent could not use
+// job.Headers). Jetfleet-* and Nats-* headers are the options' to set: an
+// option's value replaces one given here (the job id is always WithJobID's
+// or a new one); another is passed on and read as the protocol says
+// (docs/protocol.md §2), and Enqueue refuses a value an agent could not use
 // (invalid_argument), as it does an option's.
 func WithHeader(key, value string) EnqueueOption {
 	return func(j *protocol.Job) {
@@ -276,7 +277,7 @@ func (c *Client) jobMsg(ctx context.Context, args Args, opts []EnqueueOption) (*
 		// Headers given through WithHeader are read by the agent as the
 		// options' are: one it could not use is refused here, not
 		// dead-lettered there.
-		_, err = protocol.ParseJob(protocol.JobSubject(job.Queue, job.Kind), job.Header, nil)
+		_, err = protocol.ParseJob(protocol.JobSubject(job.Queue, job.Kind), msg.Header, nil)
 	}
 	if err != nil {
 		endSpan(span, nil, err)

@@ -2,6 +2,7 @@ package jetfleet_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -31,4 +32,6 @@ func TestEnqueueRefusesHeadersAnAgentCannotUse(t *testing.T) {
 	res, err := b.client.Enqueue(b.ctx, echo{}, jetfleet.WithHeader(protocol.HeaderMaxAttempts, "7"))
 	require.NoError(t, err)
 	assert.NotZero(t, res.Sequence)
+	_, err = b.client.Enqueue(b.ctx, echo{}, jetfleet.WithHeader(protocol.HeaderTimeout, "soon"), jetfleet.WithTimeout(time.Minute))
+	require.NoError(t, err, "the option's value replaces the header's: what is sent is checked")
 }

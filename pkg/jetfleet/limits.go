@@ -100,7 +100,7 @@ func (c *Client) Limits(ctx context.Context) ([]LimitInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	entries, err := protocol.ReadBucket(ctx, c.js, kv, ">", jetstream.MetaOnly())
+	entries, err := protocol.ReadBucket(ctx, c.js, kv, ">", true)
 	if err != nil {
 		return nil, protocol.Errorf(protocol.CodeUnavailable, "list bucket %s: %v", protocol.BucketLimits, err)
 	}

@@ -5,6 +5,7 @@ package natstest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -169,8 +170,15 @@ func StreamLeader(ctx context.Context, js jetstream.JetStream, stream string) st
 // elect one of them, and waits until the stream is led again.
 func StepDownStream(t testing.TB, js jetstream.JetStream, stream string) {
 	t.Helper()
-	if _, err := js.Conn().Request("$JS.API.STREAM.LEADER.STEPDOWN."+stream, nil, 5*time.Second); err != nil {
+	reply, err := js.Conn().Request("$JS.API.STREAM.LEADER.STEPDOWN."+stream, nil, 5*time.Second)
+	if err != nil {
 		t.Fatalf("natstest: step down the leader of %s: %v", stream, err)
+	}
+	var answer struct {
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(reply.Data, &answer); err != nil || answer.Error != nil {
+		t.Fatalf("natstest: step down the leader of %s: %s", stream, reply.Data)
 	}
 	awaitLeader(t, js, stream, 10*time.Second, "a leader", func(string) bool { return true })
 }
@@ -180,15 +188,19 @@ func StepDownStream(t testing.TB, js jetstream.JetStream, stream string) {
 // off while its clients stay on node keep.
 func (c *Cluster) MoveStreamLeaderOff(t testing.TB, js jetstream.JetStream, stream string, keep int) int {
 	t.Helper()
-	ctx := context.Background()
-	for range 5 { // each election picks one of the three at random
-		if l := StreamLeader(ctx, js, stream); l != "" && l != c.Servers[keep].Name() {
-			return slices.IndexFunc(c.Servers, func(s *server.Server) bool { return s.Name() == l })
+	for stepDowns := 0; ; stepDowns++ { // each election picks one of the nodes at random
+		if l := StreamLeader(context.Background(), js, stream); l != "" && l != c.Servers[keep].Name() {
+			i := slices.IndexFunc(c.Servers, func(s *server.Server) bool { return s.Name() == l })
+			if i < 0 {
+				t.Fatalf("natstest: %s is led by %s, no node of the cluster", stream, l)
+			}
+			return i
+		}
+		if stepDowns == 5 {
+			t.Fatalf("natstest: %s is still led by node %d after five step-downs", stream, keep)
 		}
 		StepDownStream(t, js, stream)
 	}
-	t.Fatalf("natstest: %s is still led by node %d after five step-downs", stream, keep)
-	return -1
 }
 
 // CutUntilElected cuts node i off (Cut) and waits until another node leads

@@ -9,14 +9,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 // ReadBucket returns the current entries of bucket kv whose keys match keys
 // (a key pattern: "foo.*", ">" for every key), in the order of their
-// revisions, deletions left out. opts go to the watcher it reads through
-// (MetaOnly, say), never IgnoreDeletes: a deleted key comes as its delete
-// marker, which ReadBucket needs to see.
+// revisions, deletions left out; with metaOnly, without their values.
 //
 // A watcher's nil entry ("initial values done") does not end a listing:
 // when a key is rewritten while the watcher reads — a heartbeat, a run that
@@ -26,7 +25,14 @@ import (
 // empty), one listing in six in a test that rewrites three keys
 // (TestReadBucketSeesKeysRewrittenWhileItReads). ReadBucket reads until
 // every key the stream held once the watcher started has come (AwaitCurrent).
-func ReadBucket(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, keys string, opts ...jetstream.WatchOpt) ([]jetstream.KeyValueEntry, error) {
+func ReadBucket(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, keys string, metaOnly bool) ([]jetstream.KeyValueEntry, error) {
+	// The watch's subscription follows ctx until ctx ends: end it here.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var opts []jetstream.WatchOpt
+	if metaOnly {
+		opts = append(opts, jetstream.MetaOnly())
+	}
 	w, err := kv.Watch(ctx, keys, opts...)
 	if err != nil {
 		return nil, err
@@ -56,8 +62,12 @@ func ReadBucket(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyVal
 // once: then apply has seen the bucket's current state, and w goes on with
 // the changes after it. The keys are those of the stream's subjects, listed
 // after w started; a key that leaves the stream without a message for it
-// (its value aged out under the bucket's TTL, say) is no longer waited for.
-// w must not ignore deletions: a deleted key comes as its delete marker.
+// (its value aged out under the bucket's TTL, say) is no longer waited for
+// once two listings in a row lack it.
+//
+// w must be new (nothing read from it yet), watch exactly keys, send each
+// key's last value (no IncludeHistory, UpdatesOnly or ResumeFromRevision)
+// and not ignore deletions: a deleted key comes as its delete marker.
 func AwaitCurrent(ctx context.Context, js jetstream.JetStream, bucket, keys string, w jetstream.KeyWatcher, apply func(jetstream.KeyValueEntry)) error {
 	prefix := "$KV." + bucket + "."
 	var stream jetstream.Stream
@@ -82,10 +92,11 @@ func AwaitCurrent(ctx context.Context, js jetstream.JetStream, bucket, keys stri
 		return set, nil
 	}
 	// A server that does not answer now (an election, a restart) may
-	// answer in a moment: only ctx bounds the wait.
+	// answer in a moment: only ctx, or an error no retry mends, ends the
+	// wait.
 	waiting, err := stored()
 	for err != nil {
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
+		if permanent(err) {
 			return fmt.Errorf("bucket %s: %w", bucket, err)
 		}
 		select {
@@ -95,12 +106,19 @@ func AwaitCurrent(ctx context.Context, js jetstream.JetStream, bucket, keys stri
 		}
 		waiting, err = stored()
 	}
-	recheck := time.NewTicker(awaitCurrentRecheck)
+	// The next listing comes a while after the last one ended, a while
+	// that grows with how long it took: a slow listing (a large bucket, a
+	// busy server) must not crowd out the reading of w.
+	recheck := time.NewTimer(awaitCurrentRecheck)
 	defer recheck.Stop()
+	absent := map[string]bool{} // keys the last listing lacked
 	for len(waiting) > 0 {
 		select {
 		case e, ok := <-w.Updates():
 			if !ok {
+				if ctx.Err() != nil {
+					return fmt.Errorf("bucket %s: %w", bucket, ctx.Err())
+				}
 				return fmt.Errorf("bucket %s: the watch closed while reading", bucket)
 			}
 			if e == nil {
@@ -109,17 +127,23 @@ func AwaitCurrent(ctx context.Context, js jetstream.JetStream, bucket, keys stri
 			apply(e)
 			delete(waiting, e.Key())
 		case <-recheck.C:
-			// A key still waited for may have left the stream without a
-			// message (TTL, purge): it will not come.
+			began := time.Now()
 			now, err := stored()
-			if err != nil {
-				continue // checked again at the next tick
-			}
-			for key := range waiting {
-				if !now[key] {
-					delete(waiting, key)
+			if err == nil {
+				// A listing paged over a bucket that changes can skip a
+				// key: only one that two listings in a row lack is gone.
+				for key := range waiting {
+					switch {
+					case now[key]:
+						delete(absent, key)
+					case absent[key]:
+						delete(waiting, key)
+					default:
+						absent[key] = true
+					}
 				}
 			}
+			recheck.Reset(max(awaitCurrentRecheck, 4*time.Since(began)))
 		case <-ctx.Done():
 			return fmt.Errorf("bucket %s: %w", bucket, ctx.Err())
 		}
@@ -127,9 +151,16 @@ func AwaitCurrent(ctx context.Context, js jetstream.JetStream, bucket, keys stri
 	return nil
 }
 
-// awaitCurrentRecheck is how often AwaitCurrent checks that the keys it
-// still waits for are stored, and how long it pauses before it asks again
-// for a listing of them that failed; awaitCurrentAttempt bounds each ask.
+// permanent reports whether a listing failed for a reason that asking
+// again does not mend.
+func permanent(err error) bool {
+	return errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, nats.ErrConnectionClosed) ||
+		errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount)
+}
+
+// awaitCurrentRecheck is how long AwaitCurrent waits at least before it
+// lists again the keys it still waits for, and before it asks again for a
+// listing that failed; awaitCurrentAttempt bounds each ask.
 const (
 	awaitCurrentRecheck = 250 * time.Millisecond
 	awaitCurrentAttempt = 5 * time.Second

@@ -455,7 +455,7 @@ func (s *Scheduler) holdersOf(ctx context.Context, r run) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	stored, err := protocol.ReadBucket(ctx, s.js, kv, ">")
+	stored, err := protocol.ReadBucket(ctx, s.js, kv, ">", false)
 	if err != nil {
 		return nil, err
 	}

@@ -280,7 +280,7 @@ func (w *workflows) apiRunGet(ctx context.Context, data []byte) (any, error) {
 
 // each calls fn with every current entry of bucket kv.
 func (w *workflows) each(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.KeyValueEntry)) error {
-	entries, err := protocol.ReadBucket(ctx, w.s.js, kv, ">")
+	entries, err := protocol.ReadBucket(ctx, w.s.js, kv, ">", false)
 	if err != nil {
 		return err
 	}

@@ -57,7 +57,11 @@ func (w *workflows) traceEnd(ctx context.Context, run *workflow.Run) {
 		attribute.Int("jetfleet.workflow_round", run.Round), attribute.Int("jetfleet.workflow_failed_steps", len(f.Steps)),
 		attribute.Int("jetfleet.workflow_failed_elements", len(f.Elements)))
 	if run.Status == workflow.StatusFailed {
-		span.SetStatus(codes.Error, f.Summary())
+		msg := f.Summary()
+		if f.Empty() && run.Error != "" {
+			msg = run.Error
+		}
+		span.SetStatus(codes.Error, msg)
 	}
 	span.End()
 }

@@ -283,7 +283,7 @@ func (w *workflows) recoverStarts(ctx context.Context) {
 
 // intents lists the keys of the starts under way.
 func (w *workflows) intents(ctx context.Context) ([]string, error) {
-	entries, err := protocol.ReadBucket(ctx, w.s.js, w.runs, startIntentPrefix+"*", jetstream.MetaOnly())
+	entries, err := protocol.ReadBucket(ctx, w.s.js, w.runs, startIntentPrefix+"*", true)
 	if err != nil {
 		return nil, err
 	}

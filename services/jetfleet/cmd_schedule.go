@@ -247,7 +247,8 @@ func setupScheduleAdd(fs *flag.FlagSet) action {
 			if exists && *replace {
 				info, err = api.UpdateSchedule(ctx, def, 0)
 			} else if exists {
-				return fmt.Errorf("schedule %q exists: pass -replace to update it", def.ID)
+				return &protocol.Error{Code: protocol.CodeAlreadyExists, Field: "id",
+					Message: fmt.Sprintf("schedule %q exists: pass -replace to update it", def.ID)}
 			}
 			if err != nil {
 				return err

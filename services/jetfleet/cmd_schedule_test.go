@@ -75,7 +75,7 @@ func TestScheduleCommand(t *testing.T) {
 
 	_, err = cli("add", "-every", "1h", "-kind", "report", "nightly")
 	require.Error(t, err)
-	assert.Equal(t, `schedule "nightly" exists: pass -replace to update it`, err.Error(), "names the flag the CLI has")
+	assert.Equal(t, `already_exists: id: schedule "nightly" exists: pass -replace to update it`, err.Error(), "names the flag the CLI has")
 
 	bad := filepath.Join(t.TempDir(), "bad.json")
 	require.NoError(t, os.WriteFile(bad, []byte(`{"id": "bad", "spec": [`), 0o600))

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jetfleet/jetfleet/pkg/jetfleet"
 )
@@ -16,6 +17,8 @@ func unknownQueueNote(ctx context.Context, api *jetfleet.Client, queue string) s
 	if queue == "" {
 		queue = jetfleet.DefaultQueue
 	}
+	ctx, cancel := context.WithTimeout(ctx, queueNoteTimeout)
+	defer cancel()
 	res, err := api.Queues(ctx)
 	if err != nil {
 		return ""
@@ -28,3 +31,7 @@ func unknownQueueNote(ctx context.Context, api *jetfleet.Client, queue string) s
 	return fmt.Sprintf("note: no queue %s exists yet; its jobs are dead-lettered as unroutable until an agent serves it, "+
 		"it is declared under topology.queues, or `jetfleet queue add %s` creates it\n", queue, queue)
 }
+
+// queueNoteTimeout bounds the look at the queues: the command's output
+// waits for it.
+const queueNoteTimeout = 2 * time.Second

@@ -153,8 +153,12 @@ type ElementFailure struct {
 func (f Failures) Empty() bool { return len(f.Steps) == 0 && len(f.Elements) == 0 }
 
 // Summary says what failed: "2 elements failed", "1 step and 3 elements
-// failed".
+// failed"; "no step or element failed" when none did (a run ended by an
+// error of its own, Run.Error).
 func (f Failures) Summary() string {
+	if f.Empty() {
+		return "no step or element failed"
+	}
 	counted := func(n int, noun string) string {
 		if n == 1 {
 			return "1 " + noun
