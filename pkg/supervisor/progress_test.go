@@ -132,3 +132,36 @@ func TestJobReportingProgressIsRescued(t *testing.T) {
 	rescued := f.events.WaitFor(t, time.Second, id, protocol.EventRescued)
 	assert.Equal(t, "victim", rescued.GetAgentId())
 }
+
+// TestJobWaitingForItsLimitIsRescued: a job that waits for its kind's
+// fleet-wide limit keeps its delivery, and its latest event is waiting;
+// when its agent dies, the supervisor rescues it within seconds (AckWait
+// is 60s) like a running job (docs/protocol.md §2.4).
+func TestJobWaitingForItsLimitIsRescued(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{Queues: map[string]topology.QueueConfig{"default": {AckWait: 60 * time.Second}}})
+	f.leader(t, supervisor.Config{}, nil)
+	ctx := fleettest.Ctx(t, time.Minute)
+	require.NoError(t, jetfleet.NewClient(f.nc).SetLimit(ctx, "default", "work", jetfleet.KindLimit{Concurrency: 1}))
+	started := make(chan struct{}, 1)
+	victim := f.startAgent(t, "", agent.Config{ID: "victim"}, func(a *agent.Agent) {
+		must(t, a.Register("work", func(ctx context.Context, job *agent.Job) error {
+			started <- struct{}{}
+			<-ctx.Done() // never finishes: the process is killed meanwhile
+			return ctx.Err()
+		}, agent.KindOptions{}))
+	})
+	beats := watchHeartbeats(t, f.nc, victim.ID())
+	fleettest.Publish(t, f.js, protocol.Job{ID: "holds-the-slot", Queue: "default", Kind: "work"})
+	<-started
+	const id = "waits-for-it"
+	fleettest.Publish(t, f.js, protocol.Job{ID: id, Queue: "default", Kind: "work"})
+	fleettest.WaitLatestEvent(t, f.js, id, protocol.EventWaiting, 10*time.Second)
+	beats.wait(t, 10*time.Second, time.Now(), func(hb *jetfleetpb.Heartbeat) bool { return len(hb.GetJobs()) == 2 })
+
+	killedAt := time.Now()
+	victim.kill()
+	rescued := f.events.WaitFor(t, 15*time.Second, id, protocol.EventRescued)
+	assert.Equal(t, "victim", rescued.GetAgentId())
+	assert.Less(t, time.Since(killedAt), 10*time.Second, "rescued, not redelivered after AckWait")
+}

@@ -165,7 +165,9 @@ func (t *tracker) rescueJob(ctx context.Context, agent string, a *agentView, j *
 		settled := prev.GetDelivered() > ack.Delivered
 		if prev.GetDelivered() == ack.Delivered {
 			switch {
-			case protocol.AttemptRunning(prev.GetType()): // started, progress: it still ran
+			case protocol.AttemptRunning(prev.GetType()), prev.GetType() == protocol.EventWaiting:
+				// started, progress: it still ran; waiting (for its kind's
+				// fleet-wide limit): it still held the delivery
 			case prev.GetType() == protocol.EventRescued:
 				settled = !t.isUnnaked(k) // NAKed by an earlier rescue, unless this replica held the NAK back
 			default:
