@@ -48,10 +48,13 @@ var matrix = []struct {
 			{"ack on JOBS (an agent's consumer)", "$JS.ACK.JOBS.chaos-probe.1.1.1.1.1", false, "+ACK"},
 			{"publish a job event", "events.job.chaos-probe.succeeded", false, "{}"},
 			{"write an agent's registration", "$KV.agents.chaos-probe", false, "{}"},
+			{"step down the leader of a stream it does not fire through", "$JS.API.STREAM.LEADER.STEPDOWN." + probeStream, true, ""},
 		},
 		[]action{
 			{"stream info", "$JS.API.STREAM.INFO.JOBS", true, ""},
 			{"read its schedules (direct get)", "$JS.API.DIRECT.GET.KV_schedules.$KV.schedules.chaos-probe", true, ""},
+			// the leader keeps the fire path's leaders off its own server
+			{"step down the leader of EVENTS", "$JS.API.STREAM.LEADER.STEPDOWN.EVENTS", true, ""},
 		}},
 	{"supervisor",
 		[]action{
@@ -82,6 +85,7 @@ var matrix = []struct {
 			{"read every job (direct get on JOBS)", "$JS.API.DIRECT.GET.JOBS", true, `{"seq":1}`},
 			{"ack on another consumer (supervisor's)", "$JS.ACK.EVENTS.supervisor.1.1.1.1.1", false, "+ACK"},
 			{"call the scheduler API", "jetfleet.api.scheduler.ls", true, "{}"},
+			{"step down the leader of JOBS", "$JS.API.STREAM.LEADER.STEPDOWN.JOBS", true, ""},
 		},
 		[]action{
 			{"stream info", "$JS.API.STREAM.INFO.JOBS", true, ""},

@@ -57,6 +57,10 @@ type ClusterOptions struct {
 	// empty means its own. Tests that route through proxies point it at a
 	// closed port, so that no route bypasses them.
 	Advertise string
+	// NoAdvertise keeps the other nodes' client URLs from this server's
+	// clients, so that a client reaches only the servers it was given (tests
+	// that reach the nodes through proxies).
+	NoAdvertise bool
 }
 
 // Start runs a server and waits until it accepts connections and JetStream
@@ -102,6 +106,7 @@ func Start(opts Options) (*server.Server, error) {
 		}
 		sopts.Cluster.Port = opts.Cluster.Port
 		sopts.Cluster.Advertise = opts.Cluster.Advertise
+		sopts.Cluster.NoAdvertise = opts.Cluster.NoAdvertise
 		for _, r := range opts.Cluster.Routes {
 			u, err := url.Parse(r)
 			if err != nil {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -86,6 +87,27 @@ type Cluster struct {
 	// routeProxies carries each node's routes to each other node, keyed by
 	// (from, to); only in a cluster from StartPartitionableCluster.
 	routeProxies map[[2]int]*Proxy
+	// clientProxies are those of ClientURLs, by node.
+	clientProxies map[int][]*Proxy
+}
+
+// ClientURLs is a comma-separated list of a new proxy to each node's client
+// port, in the nodes' order: a client given it reaches a node cut off (Cut)
+// no more, as in a real partition, and moves to another. In a cluster from
+// StartPartitionableCluster, the nodes do not tell their clients of the
+// others' real URLs, so that none bypasses the proxies.
+func (c *Cluster) ClientURLs(t testing.TB) string {
+	t.Helper()
+	if c.clientProxies == nil {
+		c.clientProxies = map[int][]*Proxy{}
+	}
+	urls := make([]string, len(c.Servers))
+	for i, srv := range c.Servers {
+		p := NewProxy(t, strings.TrimPrefix(srv.ClientURL(), "nats://"))
+		c.clientProxies[i] = append(c.clientProxies[i], p)
+		urls[i] = p.URL()
+	}
+	return strings.Join(urls, ",")
 }
 
 // URLs is a comma-separated list of every server's client URL, ready for nats.Connect.
@@ -143,12 +165,24 @@ func StartPartitionableCluster(t testing.TB, n int) *Cluster {
 }
 
 // Cut freezes every route between node i and the other nodes, in both
-// directions: the others elect new leaders for what it led once their
+// directions, and the connections of clients that reach it through
+// ClientURLs: the others elect new leaders for what it led once their
 // election timeouts pass.
-func (c *Cluster) Cut(i int) { c.eachRouteOf(i, (*Proxy).Pause) }
+func (c *Cluster) Cut(i int) {
+	c.eachRouteOf(i, (*Proxy).Pause)
+	for _, p := range c.clientProxies[i] {
+		p.Pause()
+	}
+}
 
-// Heal lets the routes of node i pass again, what they held first.
-func (c *Cluster) Heal(i int) { c.eachRouteOf(i, (*Proxy).Unpause) }
+// Heal lets the routes and client proxies of node i pass again, what they
+// held first.
+func (c *Cluster) Heal(i int) {
+	c.eachRouteOf(i, (*Proxy).Unpause)
+	for _, p := range c.clientProxies[i] {
+		p.Unpause()
+	}
+}
 
 // StreamLeader is the name of the node that leads stream, or "" while it
 // has no leader, or none that answers within a second.
@@ -203,6 +237,38 @@ func (c *Cluster) MoveStreamLeaderOff(t testing.TB, js jetstream.JetStream, stre
 	}
 }
 
+// MoveStreamLeaderTo asks stream's leader to step down in favour of node
+// i, until the server agrees (or node i leads it already): the setup of a
+// test in which one node leads what a service needs. The node leads it
+// from then on until something moves it again.
+func (c *Cluster) MoveStreamLeaderTo(t testing.TB, js jetstream.JetStream, stream string, i int) {
+	t.Helper()
+	name := c.Servers[i].Name()
+	for attempt := 0; ; attempt++ {
+		if attempt == 5 {
+			t.Fatalf("natstest: %s refused five step-downs in favour of %s", stream, name)
+		}
+		awaitCurrent(t, js, stream, name)
+		if StreamLeader(context.Background(), js, stream) == name {
+			return
+		}
+		req := fmt.Sprintf(`{"placement":{"preferred":%q}}`, name)
+		reply, err := js.Conn().Request("$JS.API.STREAM.LEADER.STEPDOWN."+stream, []byte(req), 5*time.Second)
+		if err != nil {
+			t.Fatalf("natstest: step down the leader of %s for %s: %v", stream, name, err)
+		}
+		var answer struct {
+			Error *jetstream.APIError `json:"error"`
+		}
+		if err := json.Unmarshal(reply.Data, &answer); err != nil {
+			t.Fatalf("natstest: step down the leader of %s for %s: %s", stream, name, reply.Data)
+		}
+		if answer.Error == nil {
+			return
+		}
+	}
+}
+
 // CutUntilElected cuts node i off (Cut) and waits until another node leads
 // stream. It returns when the cut was made and when the election was seen;
 // the server sends no event for an election, so this polls.
@@ -212,6 +278,24 @@ func (c *Cluster) CutUntilElected(t testing.TB, js jetstream.JetStream, stream s
 	cut = time.Now()
 	awaitLeader(t, js, stream, time.Minute, "a leader other than the cut node", func(l string) bool { return l != c.Servers[i].Name() })
 	return cut, time.Now()
+}
+
+// awaitCurrent polls until node name is a current replica of stream (or
+// leads it): a step-down in its favour is refused before.
+func awaitCurrent(t testing.TB, js jetstream.JetStream, stream, name string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if s, err := js.Stream(context.Background(), stream); err == nil && s.CachedInfo().Cluster != nil {
+			cl := s.CachedInfo().Cluster
+			if cl.Leader == name || slices.ContainsFunc(cl.Replicas, func(p *jetstream.PeerInfo) bool { return p.Name == name && p.Current }) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("natstest: %s is not a current replica of %s after 10s", name, stream)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the stream's state: there is no event to wait on
+	}
 }
 
 // awaitLeader polls until stream has a leader that accept takes; want
@@ -265,7 +349,8 @@ func startCluster(t testing.TB, ports []int, routesOf func(i int) []string, adve
 		go func() {
 			srv, err := embedded.Start(embedded.Options{
 				Port: -1, StoreDir: t.TempDir(), ServerName: fmt.Sprintf("%s-n%d", name, i),
-				Cluster:      embedded.ClusterOptions{Name: name, Port: ports[i], Routes: routesOf(i), Advertise: advertise},
+				Cluster: embedded.ClusterOptions{Name: name, Port: ports[i], Routes: routesOf(i), Advertise: advertise,
+					NoAdvertise: proxies != nil},
 				ReadyTimeout: 30 * time.Second,
 			})
 			results <- result{i, srv, err}

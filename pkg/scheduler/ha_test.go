@@ -3,12 +3,14 @@ package scheduler_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
@@ -479,4 +481,68 @@ func TestFiresResumeSoonAfterTheJobsStreamElects(t *testing.T) {
 	// Without the resend, fires waited out publish_timeout: 23.9 s.
 	assert.Less(t, resumed.Sub(elected), 2*resendAfter+2*time.Second, "fires resumed late after the election")
 	assert.True(t, r.IsLeader())
+}
+
+// TestFiresResumeWithinTheLeaseTTLWhenTheLeadersServerIsCutOff: in a
+// three-node cluster, the scheduler leader reaches the nodes through proxies
+// (as services reach nodes over a network) and the server it is connected to
+// is made the leader of every stream the leader fires through. The leader
+// moves them off its server (replica.LeadersElsewhere); then that server is
+// cut off from the others and from its clients. The leader leaves the silent
+// server for another and fires again within lease TTL + 2 s of the cut,
+// keeping its lease. Had the cut server still led the streams, the others
+// would first have to elect leaders for them (4-9 s in nats-server), past
+// the TTL.
+func TestFiresResumeWithinTheLeaseTTLWhenTheLeadersServerIsCutOff(t *testing.T) {
+	t.Parallel()
+	cluster := natstest.StartPartitionableCluster(t, 3)
+	const ttl = 5 * time.Second // the production default
+	f := newFleetURL(t, cluster.URLs(), topology.Config{Replicas: 3, LeaseTTL: ttl})
+	c := ctx(t, 2*time.Minute)
+	leader := f.replicaAt(cluster.ClientURLs(t), scheduler.Config{}, clock.Real())
+	waitLeading(t, leader)
+	leaderNode := slices.IndexFunc(cluster.Servers, func(s *server.Server) bool { return s.Name() == leader.env.Conn.ConnectedServerName() })
+	require.GreaterOrEqual(t, leaderNode, 0, "the leader is connected to a node of the cluster")
+	other := (leaderNode + 1) % 3
+	follower := f.replicaAt(cluster.Servers[other].ClientURL(), scheduler.Config{}, clock.Real())
+
+	for _, stream := range scheduler.FirePath {
+		cluster.MoveStreamLeaderTo(t, f.js, stream, leaderNode)
+	}
+	require.Eventually(t, func() bool {
+		for _, stream := range scheduler.FirePath {
+			if l := natstest.StreamLeader(c, f.js, stream); l == "" || l == cluster.Servers[leaderNode].Name() {
+				return false
+			}
+		}
+		return true
+	}, 15*time.Second, 100*time.Millisecond, "the leader moves the fire path's streams off its server")
+
+	// Read from a node that stays with the majority.
+	_, reader := natstest.JetStream(t, cluster.Servers[other])
+	jobs, err := reader.Stream(c, protocol.StreamJobs)
+	require.NoError(t, err)
+	_, err = f.client.AddSchedule(c, interval("beat", time.Second, "echo"))
+	require.NoError(t, err)
+	lastStored := func() time.Time {
+		rc, cancel := context.WithTimeout(c, time.Second)
+		defer cancel()
+		m, err := jobs.GetLastMsgForSubject(rc, protocol.JobSubject("default", "echo"))
+		if err != nil {
+			return time.Time{}
+		}
+		return m.Time
+	}
+	require.Eventually(t, func() bool { return !lastStored().IsZero() }, 10*time.Second, 50*time.Millisecond, "the schedule fires")
+
+	cluster.Cut(leaderNode)
+	cut := time.Now()
+	var resumed time.Time
+	require.Eventually(t, func() bool {
+		resumed = lastStored()
+		return resumed.After(cut)
+	}, time.Minute, 20*time.Millisecond, "fires resume")
+	t.Logf("fires stored again %s after the leader's server was cut off (lease TTL %s)", resumed.Sub(cut).Round(time.Millisecond), ttl)
+	assert.Less(t, resumed.Sub(cut), ttl+2*time.Second, "fires resume within lease TTL + 2 s")
+	assert.True(t, leader.IsLeader() != follower.IsLeader(), "one replica leads")
 }

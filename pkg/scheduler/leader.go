@@ -90,17 +90,28 @@ func (s *Scheduler) prepareLeadership(ctx context.Context, gen uint64) {
 			s.log.Warn("leader starts before its state mirror caught up", telemetry.LogError, err)
 		}
 	}
-	// 2. Watch completions from now on, before checking older runs.
+	// 2. Watch completions from now on, before checking older runs. Its
+	// consumer is created through the cluster's meta leader, which has to
+	// be elected again when its node was just lost (the node this replica
+	// left, often): then fire without the watch after completionWatchWait,
+	// and let it start when it can. Runs that end before it does are found
+	// by watchRuns.
 	started := make(chan error, 1)
 	s.runner.Go(func(context.Context) { s.consumeCompletions(ctx, started) })
+	wait := s.clk.NewTimer(completionWatchWait)
 	select {
 	case err := <-started:
 		if err != nil {
-			s.log.Error("cannot watch job completions; overlap policies wait until completion events can be read", telemetry.LogError, err)
+			s.log.Warn("cannot watch job completions yet; trying again, and the run check finds runs that end meanwhile", telemetry.LogError, err)
 		}
+	case <-wait.C():
+		s.log.Warn("job completions not watched yet; leading without waiting for the watch, and the run check finds runs that end meanwhile",
+			"waited", completionWatchWait.String())
 	case <-ctx.Done():
+		wait.Stop()
 		return
 	}
+	wait.Stop()
 	// 3. Runs started under the previous leader may be over already.
 	var running []run
 	if err := s.eng.call(ctx, func(e *engine) { running = e.runningRuns() }); err != nil {
@@ -139,30 +150,50 @@ func (s *Scheduler) syncMirrors(ctx context.Context) error {
 	return nil
 }
 
+// completionWatchWait is how long a new leader waits for its watch of job
+// completions before it leads without it (prepareLeadership).
+const completionWatchWait = time.Second
+
 // consumeCompletions feeds the job events that end a run (succeeded,
 // skipped_duplicate, dead) of scheduled jobs to the engine until ctx ends.
+// It sends the outcome of its first attempt to start the watch on started,
+// and tries again every retry_delay until one succeeds.
 func (s *Scheduler) consumeCompletions(ctx context.Context, started chan<- error) {
 	filters := make([]string, len(protocol.RunEndEvents))
 	for i, typ := range protocol.RunEndEvents {
 		filters[i] = protocol.JobEventsOfType("*", "*", typ)
 	}
-	cons, err := s.js.OrderedConsumer(ctx, protocol.StreamEvents, jetstream.OrderedConsumerConfig{
-		FilterSubjects: filters,
-		DeliverPolicy:  jetstream.DeliverNewPolicy,
-	})
 	var cc jetstream.ConsumeContext
-	if err == nil {
-		cc, err = cons.Consume(func(msg jetstream.Msg) {
-			ref := jobRefOfEvent(msg.Data())
-			if !strings.HasPrefix(ref.JobID, jobIDPrefix) {
-				return
-			}
-			s.eng.send(ctx, func(e *engine) { e.complete(ref.JobID, uint64(ref.StreamSequence)) })
+	for attempt := 0; ; attempt++ {
+		cons, err := s.js.OrderedConsumer(ctx, protocol.StreamEvents, jetstream.OrderedConsumerConfig{
+			FilterSubjects: filters,
+			DeliverPolicy:  jetstream.DeliverNewPolicy,
 		})
-	}
-	started <- err
-	if err != nil {
-		return
+		if err == nil {
+			cc, err = cons.Consume(func(msg jetstream.Msg) {
+				ref := jobRefOfEvent(msg.Data())
+				if !strings.HasPrefix(ref.JobID, jobIDPrefix) {
+					return
+				}
+				s.eng.send(ctx, func(e *engine) { e.complete(ref.JobID, uint64(ref.StreamSequence)) })
+			})
+		}
+		if attempt == 0 {
+			started <- err
+		}
+		if err == nil {
+			if attempt > 0 {
+				s.log.Info("watching job completions", "attempts", attempt+1)
+			}
+			break
+		}
+		retry := s.clk.NewTimer(s.cfg.RetryDelay)
+		select {
+		case <-ctx.Done():
+			retry.Stop()
+			return
+		case <-retry.C():
+		}
 	}
 	<-ctx.Done()
 	cc.Stop()

@@ -136,6 +136,7 @@ func (s *Scheduler) Start(ctx context.Context) error {
 	}
 	s.rep = replica.New(replica.Config{Role: "scheduler", Name: s.env.Name, Leases: s.leases, TTL: s.leaseTTL, Conn: s.env.Conn,
 		Lease: s.cfg.Settings, Log: s.log, SetsLeading: true,
+		Tasks: []replica.Task{replica.LeadersElsewhere(s.js, FirePath, s.leaseTTL/2, s.log)},
 		OnChange: func(leading bool) {
 			s.eng.send(runCtx, func(e *engine) { e.onLeadership(leading) })
 		}})
@@ -216,3 +217,8 @@ func (s *Scheduler) stateSubject(id string) string {
 
 // kvStream is the name of the stream behind a key-value bucket.
 func kvStream(bucket string) string { return "KV_" + bucket }
+
+// FirePath is every stream the leader writes to when it fires, and so
+// cannot fire without: the leader keeps them led from another NATS server
+// than its own (replica.LeadersElsewhere).
+var FirePath = []string{kvStream(protocol.BucketLeases), kvStream(protocol.BucketScheduleState), protocol.StreamJobs, protocol.StreamEvents}
