@@ -3,6 +3,7 @@ package replica
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -35,6 +36,7 @@ func LeadersElsewhere(js jetstream.JetStream, streams []string, interval time.Du
 		t := time.NewTicker(interval)
 		defer t.Stop()
 		var server string
+		warned := map[string]bool{} // a failure is logged as a warning once per stream and leadership
 		for {
 			select {
 			case <-ctx.Done():
@@ -50,7 +52,15 @@ func LeadersElsewhere(js jetstream.JetStream, streams []string, interval time.Du
 				continue
 			}
 			for _, stream := range streams {
-				moveLeaderOff(ctx, js, stream, interval, log)
+				if err := moveLeaderOff(ctx, js, stream, interval, log); err != nil && ctx.Err() == nil {
+					level := slog.LevelWarn
+					if warned[stream] {
+						level = slog.LevelDebug
+					}
+					warned[stream] = true
+					log.Log(ctx, level, "cannot move a stream's leader off this replica's server", "stream", stream,
+						"server", js.Conn().ConnectedServerName(), telemetry.LogError, err)
+				}
 			}
 		}
 	}}
@@ -61,19 +71,20 @@ func LeadersElsewhere(js jetstream.JetStream, streams []string, interval time.Du
 const recentlySeen = 2 * time.Second
 
 // moveLeaderOff asks stream's leader to step down if it is the server js is
-// connected to (see LeadersElsewhere). Errors are logged and left
-// to the next round.
-func moveLeaderOff(ctx context.Context, js jetstream.JetStream, stream string, timeout time.Duration, log *slog.Logger) {
+// connected to (see LeadersElsewhere). It returns the error of a step-down
+// that was asked for and not made (a NATS user not allowed to ask gets no
+// answer: a timeout); the next round tries again.
+func moveLeaderOff(ctx context.Context, js jetstream.JetStream, stream string, timeout time.Duration, log *slog.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
-		return // no leader right now (an election), or the stream is gone: the next round sees
+		return nil // no leader right now (an election), or the stream is gone: the next round sees
 	}
 	own := js.Conn().ConnectedServerName()
 	cl := s.CachedInfo().Cluster
 	if cl == nil || own == "" || cl.Leader != own {
-		return
+		return nil
 	}
 	successor, seen := "", recentlySeen
 	for _, p := range cl.Replicas {
@@ -87,20 +98,22 @@ func moveLeaderOff(ctx context.Context, js jetstream.JetStream, stream string, t
 		}
 	}
 	if successor == "" {
-		return
+		return nil
 	}
 	req, _ := json.Marshal(map[string]any{"placement": map[string]string{"preferred": successor}})
 	reply, err := js.Conn().RequestWithContext(ctx, jetstream.DefaultAPIPrefix+"STREAM.LEADER.STEPDOWN."+stream, req)
 	if err != nil {
-		log.Warn("cannot move a stream's leader off this replica's server", "stream", stream, "server", own, telemetry.LogError, err)
-		return
+		return fmt.Errorf("step-down in favour of %s: %w", successor, err)
 	}
 	var answer struct {
 		Error *jetstream.APIError `json:"error"`
 	}
-	if err := json.Unmarshal(reply.Data, &answer); err != nil || answer.Error != nil {
-		log.Warn("cannot move a stream's leader off this replica's server", "stream", stream, "server", own, "answer", string(reply.Data))
-		return
+	if err := json.Unmarshal(reply.Data, &answer); err != nil {
+		return fmt.Errorf("step-down in favour of %s: answer %q: %w", successor, reply.Data, err)
+	}
+	if answer.Error != nil {
+		return fmt.Errorf("step-down in favour of %s: %w", successor, answer.Error)
 	}
 	log.Info("moved a stream's leader off this replica's server", "stream", stream, "from", own, "to", successor)
+	return nil
 }
