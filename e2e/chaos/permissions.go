@@ -24,6 +24,11 @@ import (
 // probeStream is the stream the forbidden stream operations target.
 const probeStream = "CHAOS_PROBE"
 
+// noSuchServer is the body of the step-downs the matrix asks for: in favour
+// of a server that does not exist, which the server refuses ("preferred
+// server not known") once it has let the user ask, so no leader moves.
+const noSuchServer = `{"placement":{"preferred":"chaos-no-such-server"}}`
+
 // action is one cell of the matrix.
 type action struct {
 	what    string
@@ -48,13 +53,13 @@ var matrix = []struct {
 			{"ack on JOBS (an agent's consumer)", "$JS.ACK.JOBS.chaos-probe.1.1.1.1.1", false, "+ACK"},
 			{"publish a job event", "events.job.chaos-probe.succeeded", false, "{}"},
 			{"write an agent's registration", "$KV.agents.chaos-probe", false, "{}"},
-			{"step down the leader of a stream it does not fire through", "$JS.API.STREAM.LEADER.STEPDOWN." + probeStream, true, ""},
+			{"step down the leader of a stream it does not fire through", "$JS.API.STREAM.LEADER.STEPDOWN." + probeStream, true, noSuchServer},
 		},
 		[]action{
 			{"stream info", "$JS.API.STREAM.INFO.JOBS", true, ""},
 			{"read its schedules (direct get)", "$JS.API.DIRECT.GET.KV_schedules.$KV.schedules.chaos-probe", true, ""},
 			// the leader keeps the fire path's leaders off its own server
-			{"step down the leader of EVENTS", "$JS.API.STREAM.LEADER.STEPDOWN.EVENTS", true, ""},
+			{"step down the leader of EVENTS", "$JS.API.STREAM.LEADER.STEPDOWN.EVENTS", true, noSuchServer},
 		}},
 	{"supervisor",
 		[]action{
@@ -85,7 +90,7 @@ var matrix = []struct {
 			{"read every job (direct get on JOBS)", "$JS.API.DIRECT.GET.JOBS", true, `{"seq":1}`},
 			{"ack on another consumer (supervisor's)", "$JS.ACK.EVENTS.supervisor.1.1.1.1.1", false, "+ACK"},
 			{"call the scheduler API", "jetfleet.api.scheduler.ls", true, "{}"},
-			{"step down the leader of JOBS", "$JS.API.STREAM.LEADER.STEPDOWN.JOBS", true, ""},
+			{"step down the leader of JOBS", "$JS.API.STREAM.LEADER.STEPDOWN.JOBS", true, noSuchServer},
 		},
 		[]action{
 			{"stream info", "$JS.API.STREAM.INFO.JOBS", true, ""},

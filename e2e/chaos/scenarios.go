@@ -321,12 +321,18 @@ func runPartition(ctx context.Context, e *runEnv, s *stack, r *row) error {
 		wait, at := lr.events.latestFire(c.at, c.healed)
 		// The scheduler leader keeps the streams it fires through led
 		// from other nodes than its own (replica.LeadersElsewhere), so the
-		// cut of its node costs no election on the fire path: lease TTL +
-		// 2 s holds also where a stream had just come back to the node
-		// (the leader moves it off within half a lease TTL).
+		// cut of its node costs no election on the fire path. It cannot
+		// move them in its first half lease TTL on a server, nor while a
+		// node that just came back takes a stream's lead: if the cut node
+		// led one at the cut all the same, that stream has no leader until
+		// NATS elects one (≤ 9 s after the old one's last heartbeat); then
+		// a lease write is sent again a renewal interval after, a fire a
+		// resend_after, and a new leader loads the schedules first.
 		limit, why := leaseTTL+2*time.Second, "lease TTL + 2 s"
 		if len(c.led) > 0 {
-			why += fmt.Sprintf("; the cut node led %s at the cut", strings.Join(c.led, " "))
+			limit = raftElectionMax + leaseTTL/4 + 3*time.Second
+			why = fmt.Sprintf("the cut node led %s at the cut: its election (≤ %s) + a renewal interval (%s) + 3 s",
+				strings.Join(c.led, " "), raftElectionMax, leaseTTL/4)
 		}
 		waits = append(waits, fmt.Sprintf("%s: fires decided ≤ %.1f s late while cut (%s; target %s)", c.what, wait.Seconds(), at.UTC().Format("15:04:05"), why))
 		if wait > limit {
@@ -357,6 +363,11 @@ type partitionCut struct {
 // events written: the lease that entitles the leader, the schedules'
 // state, the job's stream, EVENTS.
 var firePath = scheduler.FirePath
+
+// raftElectionMax is nats-server's longest election timeout (raft.go,
+// maxElectionTimeoutDefault, not configurable): a stream whose leader is
+// cut off has a new one at most this long after its last heartbeat.
+const raftElectionMax = 9 * time.Second
 
 // Scenario pauses: docker pause of the scheduler leader, of the supervisor
 // and of an agent, 15 s each.

@@ -27,8 +27,9 @@ import (
 // Every interval, once it has been on one server for a whole interval, it
 // reads each stream's info; where the connected server leads a replicated stream, it asks the
 // leader to step down in favour of the current replica most recently heard
-// from. Single-server deployments have no cluster info and are left alone;
-// a stream with no such replica is left until one has caught up. A step-down
+// from. A single server, or a stream of one replica, has no other replica
+// to hand over to and is left alone; so is a stream with no such replica
+// until one has caught up. A step-down
 // drops what is in flight to the old leader unanswered, which the
 // scheduler's resend covers (scheduler.resend_after).
 func LeadersElsewhere(js jetstream.JetStream, streams []string, interval time.Duration, log *slog.Logger) Task {
@@ -36,7 +37,12 @@ func LeadersElsewhere(js jetstream.JetStream, streams []string, interval time.Du
 		t := time.NewTicker(interval)
 		defer t.Stop()
 		var server string
-		warned := map[string]bool{} // a failure is logged as a warning once per stream and leadership
+		// A stream whose step-down failed is left for a number of rounds
+		// that doubles with each failure (up to maxSkip), and its failure
+		// is logged as a warning once per leadership: a NATS user not
+		// allowed to ask gets no answer at all, and the server's permission
+		// error reaches only the connection's error log.
+		failures, skip, warned := map[string]int{}, map[string]int{}, map[string]bool{}
 		for {
 			select {
 			case <-ctx.Done():
@@ -52,19 +58,30 @@ func LeadersElsewhere(js jetstream.JetStream, streams []string, interval time.Du
 				continue
 			}
 			for _, stream := range streams {
-				if err := moveLeaderOff(ctx, js, stream, interval, log); err != nil && ctx.Err() == nil {
-					level := slog.LevelWarn
-					if warned[stream] {
-						level = slog.LevelDebug
-					}
-					warned[stream] = true
-					log.Log(ctx, level, "cannot move a stream's leader off this replica's server", "stream", stream,
-						"server", js.Conn().ConnectedServerName(), telemetry.LogError, err)
+				if skip[stream] > 0 {
+					skip[stream]--
+					continue
 				}
+				err := moveLeaderOff(ctx, js, stream, interval, log)
+				if err == nil || ctx.Err() != nil {
+					failures[stream] = 0
+					continue
+				}
+				level := slog.LevelDebug
+				if !warned[stream] {
+					level, warned[stream] = slog.LevelWarn, true
+				}
+				failures[stream]++
+				skip[stream] = min(1<<(failures[stream]-1), maxSkip)
+				log.Log(ctx, level, "cannot move a stream's leader off this replica's server", "stream", stream,
+					"server", server, "next_try_in_rounds", skip[stream]+1, telemetry.LogError, err)
 			}
 		}
 	}}
 }
+
+// maxSkip bounds the rounds a stream whose step-downs fail is left for.
+const maxSkip = 32
 
 // recentlySeen is how recently a replica must have answered its leader to
 // take the lead over: two of nats-server's 1 s Raft heartbeats.
@@ -88,8 +105,8 @@ func moveLeaderOff(ctx context.Context, js jetstream.JetStream, stream string, t
 	}
 	successor, seen := "", recentlySeen
 	for _, p := range cl.Replicas {
-		// nats-server calls a replica current until it has been silent for
-		// 10 s: a replica cut off a moment ago is "current" too. Handing
+		// nats-server may call a replica current until it has been silent
+		// for 10 s: a replica cut off a moment ago can be "current" too. Handing
 		// the lead to it would leave the stream without a leader until an
 		// election, so only a replica heard from within the last
 		// heartbeats qualifies.
@@ -114,6 +131,6 @@ func moveLeaderOff(ctx context.Context, js jetstream.JetStream, stream string, t
 	if answer.Error != nil {
 		return fmt.Errorf("step-down in favour of %s: %w", successor, answer.Error)
 	}
-	log.Info("moved a stream's leader off this replica's server", "stream", stream, "from", own, "to", successor)
+	log.Info("moved a stream's leader off this replica's server", "stream", stream, "from", own, "preferred", successor)
 	return nil
 }

@@ -97,8 +97,9 @@ func (s *Scheduler) prepareLeadership(ctx context.Context, gen uint64) {
 	// and let it start when it can. Runs that end before it does are found
 	// by watchRuns.
 	started := make(chan error, 1)
-	s.runner.Go(func(context.Context) { s.consumeCompletions(ctx, started) })
-	wait := s.clk.NewTimer(completionWatchWait)
+	since := s.realClk.Now().Add(-completionReplay)
+	s.runner.Go(func(context.Context) { s.consumeCompletions(ctx, since, started) })
+	wait := s.realClk.NewTimer(completionWatchWait)
 	select {
 	case err := <-started:
 		if err != nil {
@@ -154,11 +155,19 @@ func (s *Scheduler) syncMirrors(ctx context.Context) error {
 // completions before it leads without it (prepareLeadership).
 const completionWatchWait = time.Second
 
+// completionReplay is how far before the leader's preparation its watch of
+// job completions starts reading: the server stamps the events, and its
+// clock may be a little behind this host's.
+const completionReplay = 2 * time.Second
+
 // consumeCompletions feeds the job events that end a run (succeeded,
-// skipped_duplicate, dead) of scheduled jobs to the engine until ctx ends.
-// It sends the outcome of its first attempt to start the watch on started,
-// and tries again every retry_delay until one succeeds.
-func (s *Scheduler) consumeCompletions(ctx context.Context, started chan<- error) {
+// skipped_duplicate, dead) of scheduled jobs, stored since since, to the
+// engine until ctx ends. A watch that starts late (the meta leader was
+// electing) so misses no run that ended before it started; reading an end
+// twice is harmless (engine.complete). It sends the outcome of its first
+// attempt to start the watch on started, and tries again every retry_delay
+// until one succeeds.
+func (s *Scheduler) consumeCompletions(ctx context.Context, since time.Time, started chan<- error) {
 	filters := make([]string, len(protocol.RunEndEvents))
 	for i, typ := range protocol.RunEndEvents {
 		filters[i] = protocol.JobEventsOfType("*", "*", typ)
@@ -167,7 +176,8 @@ func (s *Scheduler) consumeCompletions(ctx context.Context, started chan<- error
 	for attempt := 0; ; attempt++ {
 		cons, err := s.js.OrderedConsumer(ctx, protocol.StreamEvents, jetstream.OrderedConsumerConfig{
 			FilterSubjects: filters,
-			DeliverPolicy:  jetstream.DeliverNewPolicy,
+			DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
+			OptStartTime:   &since,
 		})
 		if err == nil {
 			cc, err = cons.Consume(func(msg jetstream.Msg) {
@@ -187,7 +197,7 @@ func (s *Scheduler) consumeCompletions(ctx context.Context, started chan<- error
 			}
 			break
 		}
-		retry := s.clk.NewTimer(s.cfg.RetryDelay)
+		retry := s.realClk.NewTimer(s.cfg.RetryDelay)
 		select {
 		case <-ctx.Done():
 			retry.Stop()
