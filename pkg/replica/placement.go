@@ -71,7 +71,7 @@ func LeadersElsewhere(js jetstream.JetStream, streams []string, interval time.Du
 				if !warned[stream] {
 					level, warned[stream] = slog.LevelWarn, true
 				}
-				failures[stream]++
+				failures[stream] = min(failures[stream]+1, maxSkipShift)
 				skip[stream] = min(1<<(failures[stream]-1), maxSkip)
 				log.Log(ctx, level, "cannot move a stream's leader off this replica's server", "stream", stream,
 					"server", server, "next_try_in_rounds", skip[stream]+1, telemetry.LogError, err)
@@ -80,8 +80,9 @@ func LeadersElsewhere(js jetstream.JetStream, streams []string, interval time.Du
 	}}
 }
 
-// maxSkip bounds the rounds a stream whose step-downs fail is left for.
-const maxSkip = 32
+// maxSkip bounds the rounds a stream whose step-downs fail is left for;
+// maxSkipShift is the failure count that reaches it.
+const maxSkip, maxSkipShift = 32, 6
 
 // recentlySeen is how recently a replica must have answered its leader to
 // take the lead over: two of nats-server's 1 s Raft heartbeats.
