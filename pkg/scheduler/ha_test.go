@@ -457,15 +457,7 @@ func TestFiresResumeSoonAfterTheJobsStreamElects(t *testing.T) {
 	waitLeading(t, r)
 	_, err = f.client.AddSchedule(c, interval("beat", time.Second, "echo"))
 	require.NoError(t, err)
-	lastStored := func() time.Time { // zero while JOBS has no leader to answer
-		rc, cancel := context.WithTimeout(c, time.Second)
-		defer cancel()
-		m, err := jobs.GetLastMsgForSubject(rc, protocol.JobSubject("default", "echo"))
-		if err != nil {
-			return time.Time{}
-		}
-		return m.Time
-	}
+	lastStored := lastEchoStored(c, jobs)
 	require.Eventually(t, func() bool { return !lastStored().IsZero() }, 10*time.Second, 50*time.Millisecond, "the schedule fires")
 
 	cut, elected := cluster.CutUntilElected(t, f.js, protocol.StreamJobs, victim)
@@ -528,15 +520,7 @@ func TestFiresResumeWithinTheLeaseTTLWhenTheLeadersServerIsCutOff(t *testing.T) 
 	require.NoError(t, err)
 	_, err = f.client.AddSchedule(c, interval("beat", time.Second, "echo"))
 	require.NoError(t, err)
-	lastStored := func() time.Time {
-		rc, cancel := context.WithTimeout(c, time.Second)
-		defer cancel()
-		m, err := jobs.GetLastMsgForSubject(rc, protocol.JobSubject("default", "echo"))
-		if err != nil {
-			return time.Time{}
-		}
-		return m.Time
-	}
+	lastStored := lastEchoStored(c, jobs)
 	require.Eventually(t, func() bool { return !lastStored().IsZero() }, 10*time.Second, 50*time.Millisecond, "the schedule fires")
 
 	cluster.Cut(leaderNode)
@@ -549,4 +533,18 @@ func TestFiresResumeWithinTheLeaseTTLWhenTheLeadersServerIsCutOff(t *testing.T) 
 	t.Logf("fires stored again %s after the leader's server was cut off (lease TTL %s)", resumed.Sub(cut).Round(time.Millisecond), ttl)
 	assert.Less(t, resumed.Sub(cut), ttl+2*time.Second, "fires resume within lease TTL + 2 s")
 	assert.True(t, leader.IsLeader() != follower.IsLeader(), "one replica leads")
+}
+
+// lastEchoStored returns a func that reads when JOBS stored its last job of
+// kind echo in queue default: zero while JOBS has no leader to answer.
+func lastEchoStored(c context.Context, jobs jetstream.Stream) func() time.Time {
+	return func() time.Time {
+		rc, cancel := context.WithTimeout(c, time.Second)
+		defer cancel()
+		m, err := jobs.GetLastMsgForSubject(rc, protocol.JobSubject("default", "echo"))
+		if err != nil {
+			return time.Time{}
+		}
+		return m.Time
+	}
 }
