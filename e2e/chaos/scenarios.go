@@ -319,6 +319,11 @@ func runPartition(ctx context.Context, e *runEnv, s *stack, r *row) error {
 		// delays (an agent on the cut node reconnects; a stream led from
 		// there elects a new leader).
 		wait, at := lr.events.latestFire(c.at, c.healed)
+		if at.IsZero() {
+			// Schedules fire every second: no fired event read back for a
+			// cut means the read failed, not that nothing was late.
+			r.fail("%s: no fired event of the cut's window was read back from EVENTS", c.what)
+		}
 		// The scheduler leader keeps the streams it fires through led
 		// from other nodes than its own (replica.LeadersElsewhere), so the
 		// cut of its node costs no election on the fire path. It cannot
