@@ -95,6 +95,7 @@ var matrix = []struct {
 		[]action{
 			{"stream info", "$JS.API.STREAM.INFO.JOBS", true, ""},
 			{"read events (direct get)", "$JS.API.DIRECT.GET.EVENTS.events.job.chaos-probe.>", true, ""},
+			{"read a job's events from the leader (message get)", "$JS.API.STREAM.MSG.GET.EVENTS", true, `{"last_by_subj":"events.job.chaos-probe.>"}`},
 			{"read limits (direct get)", "$JS.API.DIRECT.GET.KV_limits.$KV.limits.def.default.chaos-probe", true, ""},
 		}},
 	{"dashboard",

@@ -41,8 +41,17 @@ var historyTypes = []string{
 
 // history reads the job's latest event of each kind that matters, keeping
 // those about this message (seq).
+//
+// Each read goes to the leader of EVENTS (protocol.LeaderGetLast), not to
+// any replica: a replica back from a partition answers "none" for every
+// event stored while it was away, and a job whose earlier delivery
+// succeeded would run again (the chaos partition run found such jobs right
+// after each heal, when JetStream redelivered what the cut had left
+// unacknowledged). A read that gets no answer (EVENTS electing its leader)
+// is sent again until historyReadLimit; only then is the redelivery run as
+// new — its outcome could not be stored before EVENTS answers anyway.
 func (a *Agent) history(ctx context.Context, job *Job, seq uint64) history {
-	getCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	readCtx, cancel := context.WithTimeout(ctx, historyReadLimit)
 	defer cancel()
 	latest := make([]*jetfleetpb.JobEvent, len(historyTypes))
 	var wg sync.WaitGroup
@@ -50,7 +59,7 @@ func (a *Agent) history(ctx context.Context, job *Job, seq uint64) history {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			m, err := a.events.GetLastMsgForSubject(getCtx, protocol.JobEventSubject(job.Queue, job.Kind, typ, job.ID))
+			m, err := a.lastEventFromLeader(readCtx, protocol.JobEventSubject(job.Queue, job.Kind, typ, job.ID))
 			if err != nil {
 				if !errors.Is(err, jetstream.ErrMsgNotFound) {
 					a.logger.Warn("job events unreadable; treating the redelivery as new", telemetry.LogJobID, job.ID, telemetry.LogError, err)
@@ -90,3 +99,35 @@ func (a *Agent) history(ctx context.Context, job *Job, seq uint64) history {
 	}
 	return h
 }
+
+// historyReadLimit bounds how long a redelivery waits for its history; the
+// job keeps its message (progress reports) meanwhile. A stream elects its
+// leader within 4-9 s.
+const historyReadLimit = 20 * time.Second
+
+// lastEventFromLeader reads the last event on subject from the leader of
+// EVENTS: an answer (jetstream.ErrMsgNotFound included) or ctx's end. A
+// read unanswered within historyReadTry, or refused for want of a leader,
+// is sent again.
+func (a *Agent) lastEventFromLeader(ctx context.Context, subject string) (protocol.StoredMsg, error) {
+	for {
+		tryCtx, cancel := context.WithTimeout(ctx, historyReadTry)
+		m, err := protocol.LeaderGetLast(tryCtx, a.nc, protocol.StreamEvents, subject)
+		cancel()
+		if err == nil || errors.Is(err, jetstream.ErrMsgNotFound) || ctx.Err() != nil {
+			return m, err
+		}
+		select {
+		case <-ctx.Done():
+			return m, err
+		case <-time.After(historyReadPause):
+		}
+	}
+}
+
+// historyReadTry is one read's wait for its answer; historyReadPause the
+// pause before the next, when the server said no leader answers.
+const (
+	historyReadTry   = 3 * time.Second
+	historyReadPause = 250 * time.Millisecond
+)

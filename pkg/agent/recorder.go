@@ -284,11 +284,8 @@ func (r *recorder) readBack(e *pendingEvent) bool {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), asyncTimeout)
 	defer cancel()
-	events, err := r.js.Stream(ctx, protocol.StreamEvents)
-	if err != nil {
-		return false
-	}
-	m, err := events.GetLastMsgForSubject(ctx, e.msg.Subject)
+	// From the leader: a replica behind would answer without the event.
+	m, err := protocol.LeaderGetLast(ctx, r.js.Conn(), protocol.StreamEvents, e.msg.Subject)
 	return err == nil && m.Header.Get(protocol.HeaderMsgID) == id
 }
 

@@ -400,13 +400,13 @@ struct history {
     char last_error[512]; /* of the latest event that has one */
 };
 
-/* The event types a redelivery reads (§3.3), one direct get each. */
+/* The event types a redelivery reads (§3.3), one read each. */
 static const char *const history_types[] = {"succeeded", "skipped_duplicate", "failed", "cancelled",
                                             "dead",      "snoozed",           "released", "retrying"};
 
 /* On a redelivery, reads the latest event of each type in history_types with
- * a direct get of the last message on events.job.<queue>.<kind>.<type>.<job
- * token> (§1.2, §3.3), keeping those about this message, and takes the
+ * a read of the last message on events.job.<queue>.<kind>.<type>.<job
+ * token> from the leader of EVENTS (§1.2, §3.3), keeping those about this message, and takes the
  * largest snooze count among them (§3.3: only snoozed and released raise it,
  * every other event carries it). A type that cannot be read counts as none. */
 static void read_history(struct job *j, struct history *h)
@@ -417,16 +417,16 @@ static void read_history(struct job *j, struct history *h)
     for (size_t i = 0; i < sizeof(history_types) / sizeof(history_types[0]); i++) {
         const char *type = history_types[i];
         char subject[2048], text[64];
-        jsDirectGetMsgOptions o;
         natsMsg *m = NULL;
         json_value v;
         uint64_t seq = 0, snoozes = 0, n64 = 0;
         int64_t at = 0;
 
         snprintf(subject, sizeof(subject), "events.job.%s.%s.%s.%s", j->queue, j->kind, type, j->token);
-        jsDirectGetMsgOptions_Init(&o);
-        o.LastBySubject = subject;
-        natsStatus s = js_DirectGetMsg(&m, A.js, "EVENTS", NULL, &o);
+        /* From the stream's leader ($JS.API.STREAM.MSG.GET), not a direct get:
+         * a replica behind, such as a node back from a partition, answers a
+         * direct get without the events it missed (§3.3). */
+        natsStatus s = js_GetLastMsg(&m, A.js, "EVENTS", subject, NULL, NULL);
         if (s == NATS_NOT_FOUND)
             continue; /* no event of this type */
         if (s != NATS_OK) {
