@@ -10,7 +10,8 @@ import (
 // jobTally is the fate of the jobs JetStream acknowledged.
 type jobTally struct {
 	published, once, twice, lost int
-	lostIDs, twiceIDs            []string
+	lostIDs                      []string
+	twiceIDs                     []string // with when each run began
 }
 
 func tallyJobs(published map[string]time.Time, rec *recorder) jobTally {
@@ -32,7 +33,7 @@ func tallyJobs(published map[string]time.Time, rec *recorder) jobTally {
 		default:
 			t.twice++
 			if len(t.twiceIDs) < 5 {
-				t.twiceIDs = append(t.twiceIDs, id)
+				t.twiceIDs = append(t.twiceIDs, rec.describe(id))
 			}
 		}
 	}

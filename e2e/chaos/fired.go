@@ -48,16 +48,30 @@ func readScheduleEvents(ctx context.Context, js jetstream.JetStream, schedules [
 		return out, fmt.Errorf("schedule events: %w", err)
 	}
 	defer it.Stop()
-	seen := false
+	seen, idle := false, 0
 	for {
 		nextCtx, cancel := context.WithTimeout(ctx, readIdle)
 		msg, err := it.Next(jetstream.NextContext(nextCtx))
 		cancel()
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-			if !seen {
+			if seen {
+				continue // the last one said more were pending: a slow server
+			}
+			// Nothing yet: an empty window, or a consumer not yet served
+			// (a stream electing its leader, a slow first scan). Only the
+			// consumer's own count tells them apart; a run once took the
+			// second for the first and judged its cuts on no event.
+			info, err := cons.Info(ctx)
+			if err != nil {
+				return out, fmt.Errorf("schedule events: nothing delivered in %s, and no consumer info: %w", readIdle, err)
+			}
+			if info.NumPending == 0 {
 				return out, nil // no event in the window
 			}
-			continue // the last one said more were pending: a slow server
+			if idle++; idle == readIdleRounds {
+				return out, fmt.Errorf("schedule events: %d pending, none delivered in %s", info.NumPending, readIdleRounds*readIdle)
+			}
+			continue
 		}
 		if err != nil {
 			return out, fmt.Errorf("schedule events: %w", err)
@@ -77,6 +91,10 @@ func readScheduleEvents(ctx context.Context, js jetstream.JetStream, schedules [
 // readIdle is how long readScheduleEvents waits for a first event before
 // it takes the window as holding none.
 const readIdle = 5 * time.Second
+
+// readIdleRounds of readIdle with events pending and none delivered end a
+// read with an error: the caller reads again on a new consumer.
+const readIdleRounds = 6
 
 // add records one schedule event if it is one of the run's schedules with
 // a nominal time in [from, to].

@@ -104,6 +104,18 @@ func (r *recorder) runs(id string) int {
 	return len(r.byJob[id])
 }
 
+// describe is job id's runs, for a report: the time each began and its
+// attempt, as in "job-1 (10:00:01.2 #1, 10:00:31.9 #2)".
+func (r *recorder) describe(id string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var runs []string
+	for _, x := range r.byJob[id] {
+		runs = append(runs, fmt.Sprintf("%s #%d", x.at.UTC().Format("15:04:05.0"), x.attempt))
+	}
+	return fmt.Sprintf("%s (%s)", id, strings.Join(runs, ", "))
+}
+
 // snapshot is every execution so far, in arrival order.
 func (r *recorder) snapshot() []execution {
 	r.mu.Lock()

@@ -494,12 +494,17 @@ func (tl *leaderTimeline) String() string {
 }
 
 // nodeOf is the NATS node service svc is connected to, from the nodes'
-// connection lists (monitoring port).
+// connection lists (monitoring port). A node may still list a connection
+// its client has left (a client that stops hearing its server moves on;
+// the server notices minutes later): of the nodes that list svc, the one
+// with its newest connection is where it is now.
 func (s *stack) nodeOf(ctx context.Context, svc string) (string, error) {
 	ip, err := s.containerIP(ctx, svc)
 	if err != nil {
 		return "", err
 	}
+	var at string
+	var newest time.Time
 	for _, node := range natsNodes {
 		out, err := s.compose(ctx, "port", node, "8222")
 		if err != nil {
@@ -512,7 +517,8 @@ func (s *stack) nodeOf(ctx context.Context, svc string) (string, error) {
 		}
 		var connz struct {
 			Connections []struct {
-				IP string `json:"ip"`
+				IP    string    `json:"ip"`
+				Start time.Time `json:"start"`
 			} `json:"connections"`
 		}
 		err = json.NewDecoder(resp.Body).Decode(&connz)
@@ -521,12 +527,15 @@ func (s *stack) nodeOf(ctx context.Context, svc string) (string, error) {
 			return "", fmt.Errorf("%s /connz: %w", node, err)
 		}
 		for _, c := range connz.Connections {
-			if c.IP == ip {
-				return node, nil
+			if c.IP == ip && c.Start.After(newest) {
+				at, newest = node, c.Start
 			}
 		}
 	}
-	return "", fmt.Errorf("%s (%s) is connected to no NATS node", svc, ip)
+	if at == "" {
+		return "", fmt.Errorf("%s (%s) is connected to no NATS node", svc, ip)
+	}
+	return at, nil
 }
 
 func (s *stack) containerIP(ctx context.Context, svc string) (string, error) {
