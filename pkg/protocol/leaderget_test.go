@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
@@ -16,10 +17,11 @@ import (
 	"github.com/jetfleet/jetfleet/pkg/protocol"
 )
 
-// LeaderGetLast is answered by the stream's leader alone: through a node
-// cut off from it, no answer (the caller reads again), never the "not
-// found" a replica that missed the message would give; through any node
-// once the node is back, the message.
+// A replica cut off from its stream's leader answers direct gets from what
+// it has — "not found" for a message stored without it, which made agents
+// run succeeded jobs again after a partition healed. LeaderGetLast asked
+// through that node gets no answer instead (the caller reads again), and
+// through any node once the node is back, the message.
 func TestLeaderGetLastIsAnsweredByTheLeaderAlone(t *testing.T) {
 	c := natstest.StartPartitionableCluster(t, 3)
 	// The nodes' own URLs, not ClientURLs: Cut leaves these connections up,
@@ -36,16 +38,23 @@ func TestLeaderGetLastIsAnsweredByTheLeaderAlone(t *testing.T) {
 	c.MoveStreamLeaderTo(t, js0, "HISTORY", 0)
 	_, err = js0.Publish(ctx, "history.before", []byte("before"))
 	require.NoError(t, err)
-	// Node 2 has the stream's first message: a direct get asked through it
-	// answers (from whichever replica; no event tells when it has it).
-	require.Eventually(t, func() bool {
-		m, err := directGetLast(ctx, nc2, "history.before")
-		return err == nil && string(m) == "before"
-	}, 10*time.Second, 20*time.Millisecond, "no direct get through node 2 answered with the stream's first message")
+	require.Eventually(t, func() bool { return localLastSeq(t, c.Servers[2], "HISTORY") == 1 },
+		10*time.Second, 20*time.Millisecond, "node 2's replica never stored the first message") // no event tells
 
 	c.Cut(2)
 	_, err = js0.Publish(ctx, "history.job", []byte("succeeded"))
 	require.NoError(t, err, "nodes 0 and 1 are a quorum")
+	require.Equal(t, uint64(1), localLastSeq(t, c.Servers[2], "HISTORY"), "the cut replica stored the second message")
+
+	// The defect's cause: a direct get is a request to a queue group of the
+	// stream's replicas, and the cut replica answers the share that reaches
+	// it (the rest goes to routes that pass nothing) with "not found".
+	staleAnswer := false
+	for try := 0; try < 40 && !staleAnswer; try++ {
+		_, err := directGetLast(ctx, nc2, "history.job", 250*time.Millisecond)
+		staleAnswer = errors.Is(err, jetstream.ErrMsgNotFound)
+	}
+	require.True(t, staleAnswer, "the premise: the cut replica answers a direct get without the message it missed")
 
 	askCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	_, err = protocol.LeaderGetLast(askCtx, nc2, "HISTORY", "history.job")
@@ -70,9 +79,9 @@ func TestLeaderGetLastIsAnsweredByTheLeaderAlone(t *testing.T) {
 }
 
 // directGetLast is a direct get of the last message on subject in stream
-// HISTORY.
-func directGetLast(ctx context.Context, nc *nats.Conn, subject string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+// HISTORY, answered within wait.
+func directGetLast(ctx context.Context, nc *nats.Conn, subject string, wait time.Duration) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	m, err := nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET.HISTORY."+subject, nil)
 	if err != nil {
@@ -84,4 +93,19 @@ func directGetLast(ctx context.Context, nc *nats.Conn, subject string) ([]byte, 
 		return nil, fmt.Errorf("direct get: status %s", status)
 	}
 	return m.Data, nil
+}
+
+// localLastSeq is the last sequence of srv's own replica of stream.
+func localLastSeq(t *testing.T, srv *server.Server, stream string) uint64 {
+	t.Helper()
+	info, err := srv.Jsz(&server.JSzOptions{Accounts: true, Streams: true})
+	require.NoError(t, err)
+	for _, acc := range info.AccountDetails {
+		for _, st := range acc.Streams {
+			if st.Name == stream {
+				return st.State.LastSeq
+			}
+		}
+	}
+	return 0
 }
