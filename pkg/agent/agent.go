@@ -47,10 +47,13 @@ type Agent struct {
 	// metrics around bookkeeping, the handler chain and settlement.
 	execute Handler
 
-	queues   []*queueState
-	pullers  []*puller
-	work     chan work // to idle workers
-	replies  *replies  // answers to events and acks, awaited without blocking
+	queues  []*queueState
+	pullers []*puller
+	work    chan work // to idle workers
+	// handlers holds one token per handler running, at most
+	// cfg.Concurrency; nil without prefetch, where the slots bound them.
+	handlers chan struct{}
+	replies  *replies // answers to events and acks, awaited without blocking
 	recorder *recorder
 	events   jetstream.Stream // EVENTS, to read a job's events
 	agentsKV jetstream.KeyValue
@@ -330,11 +333,14 @@ func (a *Agent) Start(ctx context.Context) error {
 	a.runner.Go(a.progressLoop)
 	a.runner.Go(a.checkLostLoop)
 	a.work = make(chan work)
-	for range a.cfg.Concurrency {
+	for range a.cfg.slots() {
 		a.runner.Go(a.worker)
 	}
-	a.releaseSlots(a.cfg.Concurrency) // every slot is free: ask for jobs
-	a.wakeDormant(ctx)                // a priority with jobs waiting already
+	if a.cfg.Prefetch > 0 {
+		a.handlers = make(chan struct{}, a.cfg.Concurrency)
+	}
+	a.releaseSlots(a.cfg.slots()) // every slot is free: ask for jobs
+	a.wakeDormant(ctx)            // a priority with jobs waiting already
 	// Once Start returns, the server knows the agent's subscriptions: it
 	// answers control commands.
 	flushCtx, cancelFlush := context.WithTimeout(ctx, asyncTimeout) // FlushWithContext needs a deadline
@@ -342,7 +348,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	if err := a.nc.FlushWithContext(flushCtx); err != nil {
 		return fmt.Errorf("agent: flush: %w", err)
 	}
-	a.logger.Info("agent started", "queues", a.cfg.Queues, "kinds", a.Kinds(), "concurrency", a.cfg.Concurrency)
+	a.logger.Info("agent started", "queues", a.cfg.Queues, "kinds", a.Kinds(), "concurrency", a.cfg.Concurrency, "prefetch", a.cfg.Prefetch)
 	return nil
 }
 

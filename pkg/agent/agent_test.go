@@ -559,6 +559,102 @@ func TestConcurrencyBoundsWhatTheAgentHolds(t *testing.T) {
 	assert.Equal(t, int32(3), peak.Load())
 }
 
+// TestPrefetchHoldsJobsBeyondConcurrency: an agent with prefetch holds
+// Concurrency + Prefetch jobs and runs Concurrency of them; the rest wait,
+// kept alive past AckWait, and their attempt (and its timeout) starts only
+// when they run.
+func TestPrefetchHoldsJobsBeyondConcurrency(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{Queues: map[string]topology.QueueConfig{"default": {AckWait: time.Second}}})
+	const timeout = time.Minute
+	release := make(chan struct{})
+	var running, peak atomic.Int32
+	var mu sync.Mutex
+	lateDeadlines := map[string]time.Duration{} // job → how far its deadline is from its start + timeout
+	f.startAgent(t, agent.Config{Concurrency: 2, Prefetch: 3}, func(a *agent.Agent) {
+		must(t, a.Register("block", func(ctx context.Context, job *agent.Job) error {
+			started := time.Now()
+			mu.Lock()
+			lateDeadlines[job.ID] = started.Add(timeout).Sub(job.Deadline)
+			mu.Unlock()
+			n := running.Add(1)
+			for {
+				p := peak.Load()
+				if n <= p || peak.CompareAndSwap(p, n) {
+					break
+				}
+			}
+			defer running.Add(-1)
+			<-release
+			return nil
+		}, agent.KindOptions{Timeout: timeout}))
+	})
+	for i := range 7 {
+		fleettest.Publish(t, f.js, protocol.Job{ID: fmt.Sprintf("pf-%d", i), Queue: "default", Kind: "block"})
+	}
+	cons, err := f.js.Consumer(fleettest.Ctx(t, 5*time.Second), protocol.StreamJobs, "queue-default")
+	require.NoError(t, err)
+	held := func() int {
+		info, err := cons.Info(fleettest.Ctx(t, 5*time.Second))
+		require.NoError(t, err)
+		return info.NumAckPending
+	}
+	require.Eventually(t, func() bool { return running.Load() == 2 && held() == 5 }, 10*time.Second, 10*time.Millisecond,
+		"the agent holds 2 running and 3 prefetched jobs")
+	// Over more than two AckWaits no waiting job is delivered again (+WPI
+	// keeps it), none starts, and the agent takes no more.
+	require.Never(t, func() bool {
+		info, err := cons.Info(fleettest.Ctx(t, 5*time.Second))
+		require.NoError(t, err)
+		return info.NumRedelivered > 0 || info.NumAckPending != 5 || running.Load() != 2
+	}, 2500*time.Millisecond, 50*time.Millisecond)
+	close(release)
+	for i := range 7 {
+		ev := f.events.WaitFor(t, 10*time.Second, fmt.Sprintf("pf-%d", i), protocol.EventSucceeded)
+		assert.Equal(t, uint32(1), ev.GetAttempt(), "waiting spent no attempt")
+	}
+	assert.Equal(t, int32(2), peak.Load(), "no more handlers than the concurrency")
+	mu.Lock()
+	defer mu.Unlock()
+	for id, late := range lateDeadlines {
+		assert.Less(t, late.Abs(), time.Second, "the timeout of %s runs from its start, not its delivery", id)
+	}
+}
+
+// TestStopHandsBackPrefetchedJobs: jobs waiting for a slot when a stopping
+// agent's grace runs out are handed back unstarted, like running ones.
+func TestStopHandsBackPrefetchedJobs(t *testing.T) {
+	t.Parallel()
+	f := setup(t, topology.Config{})
+	var started atomic.Int32
+	env := fleettest.NewEnv(t, f.srv, f.env.Base.Topology)
+	a, err := agent.New(env.Env.Conn, agent.Config{Concurrency: 1, Prefetch: 2}, agent.WithEnv(env.Env))
+	require.NoError(t, err)
+	must(t, a.Register("block", func(ctx context.Context, job *agent.Job) error {
+		started.Add(1)
+		<-ctx.Done()
+		return ctx.Err()
+	}, agent.KindOptions{}))
+	require.NoError(t, a.Start(fleettest.Ctx(t, 10*time.Second)))
+	for i := range 3 {
+		fleettest.Publish(t, f.js, protocol.Job{ID: fmt.Sprintf("sp-%d", i), Queue: "default", Kind: "block"})
+	}
+	cons, err := f.js.Consumer(fleettest.Ctx(t, 5*time.Second), protocol.StreamJobs, "queue-default")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		info, err := cons.Info(fleettest.Ctx(t, 5*time.Second))
+		require.NoError(t, err)
+		return info.NumAckPending == 3 && started.Load() == 1
+	}, 10*time.Second, 10*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	require.NoError(t, a.Stop(ctx))
+	for i := range 3 {
+		f.events.WaitFor(t, 10*time.Second, fmt.Sprintf("sp-%d", i), protocol.EventReleased)
+	}
+	assert.Equal(t, int32(1), started.Load(), "the prefetched jobs never started")
+}
+
 func TestKindConcurrency(t *testing.T) {
 	t.Parallel()
 	f := setup(t, topology.Config{})

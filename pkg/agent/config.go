@@ -23,6 +23,14 @@ type Config struct {
 	Queues []string `koanf:"queues"`
 	// Concurrency is the most jobs the agent runs at once, across queues. Defaults to 10.
 	Concurrency int `koanf:"concurrency"`
+	// Prefetch is how many jobs the agent holds beyond Concurrency, pulled
+	// ahead and waiting for a free slot (kept alive by +WPI meanwhile), so
+	// a slot that frees starts its next job without waiting for a delivery.
+	// On a replicated cluster a delivery waits for the consumer's quorum, a
+	// round trip that bounds an agent of short jobs at Concurrency per round
+	// trip. Defaults to 0: a job waiting here is one another agent could
+	// run now, so leave it off where jobs are long.
+	Prefetch int `koanf:"prefetch"`
 	// HeartbeatInterval between heartbeats. Defaults to 1s.
 	HeartbeatInterval time.Duration `koanf:"heartbeat_interval"`
 	// DefaultTimeout bounds an attempt of a kind with no timeout of its own
@@ -100,6 +108,10 @@ func (c RetryConfig) Validate(section string) error {
 	return errors.Join(errs...)
 }
 
+// slots is how many jobs the agent holds at once: those it runs and those
+// it pulled ahead.
+func (c Config) slots() int { return c.Concurrency + c.Prefetch }
+
 // Defaults of Config.
 const (
 	DefaultConcurrency       = 10
@@ -163,6 +175,9 @@ func (c Config) Validate(section string) error {
 	}
 	if c.Concurrency < 0 {
 		errs = append(errs, config.Invalid(key("concurrency"), "must be at least 1, got %d", c.Concurrency))
+	}
+	if c.Prefetch < 0 {
+		errs = append(errs, config.Invalid(key("prefetch"), "must not be negative, got %d", c.Prefetch))
 	}
 	if c.HeartbeatInterval < 0 || (c.HeartbeatInterval > 0 && c.HeartbeatInterval < 50*time.Millisecond) {
 		errs = append(errs, config.Invalid(key("heartbeat_interval"), "must be at least 50ms, got %s", c.HeartbeatInterval))

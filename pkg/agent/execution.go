@@ -167,6 +167,30 @@ func (a *Agent) process(q *queueState, msg *delivery, reserved bool) {
 	_ = a.execute(WithJob(ctx, job), job) // the outcome is settled inside; the error is for the middleware
 }
 
+// takeHandler waits, when the agent prefetches, until fewer than
+// Concurrency handlers run, and returns what gives the turn back (once,
+// however often it is called). A job pulled ahead waits here as one waiting
+// for its kind's cap does: it keeps its delivery (kept alive by +WPI) and
+// its slot, and its attempt has not started. It returns at once when ctx
+// ends: the job is handed back or cancelled before it starts.
+func (a *Agent) takeHandler(ctx context.Context) (release func()) {
+	if a.handlers == nil {
+		return func() {}
+	}
+	select {
+	case a.handlers <- struct{}{}:
+	case <-ctx.Done():
+		return func() {}
+	}
+	released := false
+	return func() {
+		if !released {
+			released = true
+			<-a.handlers
+		}
+	}
+}
+
 // freeSlot gives the execution's agent slot back, once.
 func (a *Agent) freeSlot(ex *execution) {
 	ex.slot.Do(func() { a.releaseSlots(1) })
@@ -279,6 +303,8 @@ func (a *Agent) run(ctx context.Context, job *Job) error {
 		return a.refuse(ctx, ex, protocol.ReasonMaxAttempts, protocol.CodeAgentLost, lastErr)
 	}
 
+	releaseHandler := a.takeHandler(ctx)
+	defer releaseHandler()
 	if k.sem != nil {
 		// The kind is capped: wait for its slot (the job keeps its agent slot
 		// and gets progress reports meanwhile); the attempt starts after.
@@ -320,6 +346,7 @@ func (a *Agent) run(ctx context.Context, job *Job) error {
 		err = context.Cause(ctx)
 	}
 	releaseLimit()
+	releaseHandler()
 	if !a.backedUp() {
 		a.freeSlot(ex) // the work is done; the next job may come while this one settles
 	}

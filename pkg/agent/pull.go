@@ -117,8 +117,8 @@ func newPuller(a *Agent, q *queueState, priority string) (*puller, error) {
 		subject:  fmt.Sprintf("$JS.API.CONSUMER.MSG.NEXT.%s.%s", protocol.StreamJobs, protocol.PriorityConsumer(q.name, priority)),
 		inbox:    a.nc.NewInbox(),
 		expiry:   a.cfg.FetchMaxWait,
-		lowWater: a.cfg.Concurrency / 2,
-		minBatch: max(a.cfg.Concurrency/4, 1),
+		lowWater: a.cfg.slots() / 2,
+		minBatch: max(a.cfg.slots()/4, 1),
 		drained:  make(chan struct{}),
 	}
 	sub, err := a.nc.Subscribe(p.inbox+".*", p.receive)

@@ -54,6 +54,11 @@ type Config struct {
 	// Concurrency is C: each agent's concurrency, and the messages each
 	// raw consumer has in flight. Defaults to 50.
 	Concurrency int `json:"concurrency"`
+	// Prefetch is each agent's agent.prefetch: the jobs it pulls ahead of
+	// free slots. Defaults to 0. (The raw baseline's Consume pulls up to
+	// C messages ahead of its C workers in any case.) The durability
+	// scenario sets its own per setting.
+	Prefetch int `json:"prefetch"`
 	// PayloadSize is the size in bytes of each job's JSON payload. Defaults to 100.
 	PayloadSize int `json:"payload_size"`
 
@@ -184,6 +189,7 @@ func (c Config) Validate() error {
 		val, min int
 	}{
 		{"runs", c.Runs, 1}, {"jobs", c.Jobs, 1}, {"agents", c.Agents, 1}, {"concurrency", c.Concurrency, 1},
+		{"prefetch", c.Prefetch, 0},
 		{"payload-size", c.PayloadSize, 8}, {"rate", c.Rate, 1}, {"schedules", c.Schedules, 1},
 		{"idle-schedules", c.IdleSchedules, 1}, {"rescue-jobs", c.RescueJobs, 1}, {"replicas", c.Replicas, 2},
 		{"durability-jobs", c.DurabilityJobs, 1},

@@ -84,7 +84,7 @@ func (b *bencher) delayed(ctx context.Context, run int) error {
 	}
 	stopSup := func() { _ = sup.Stop(context.WithoutCancel(ctx)) }
 	defer stopSup()
-	fleet, err := newAgents(rs, "agent", queue, kindNoop, b.cfg.Agents, b.cfg.Concurrency, handler)
+	fleet, err := newAgents(rs, "agent", queue, kindNoop, b.cfg.Agents, b.cfg.Concurrency, b.cfg.Prefetch, handler)
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,8 @@ type durabilitySetting struct {
 	key   string
 	label string
 	opts  serverOptions
+	// prefetch is the agents' agent.prefetch on this setting.
+	prefetch int
 	// target of jetfleet's end-to-end rate over raw JetStream's (issue 22).
 	target *Target
 	// heapTarget of the most jetfleet's phases made the heap grow over
@@ -28,23 +30,33 @@ type durabilitySetting struct {
 // file store's default sync interval (2 minutes), every write synced on a
 // single server, every write synced on a 3-node cluster with R3 streams,
 // where nats-server (2.15) syncs each write to the Raft log and the
-// stream's store only on flush, and that cluster at the default interval. Jetfleet runs each as configured for
-// it: events in atomic batches where every write is synced
-// (topology.event_batches), fast batches by default. The single server runs
-// in a child process, so that the heap the bench follows is the clients'
-// alone (the agents', or raw JetStream's consumers, and the producer's),
-// which the memory target is judged on. The cluster's nodes run in the
-// bench's process, as issue 22 measures them (in child processes the rates
-// here fell by a quarter, raw JetStream's too): its heap figures hold the
-// nodes' growth as well, and have no target.
+// stream's store only on flush, and that cluster at the default interval.
+// Jetfleet runs each as configured for it: events in atomic batches where
+// every write is synced (topology.event_batches), fast batches by default;
+// on the cluster the agents prefetch (clusterPrefetch), since a replicated
+// consumer sends a job only once its quorum stored the delivery, a round
+// trip per job that prefetch hides, where one server sends at once and
+// prefetch would only hold more jobs in memory. The single server runs in a
+// child process, so that the heap the bench follows is the clients' alone
+// (the agents', or raw JetStream's consumers, and the producer's), which
+// the memory target is judged on. The cluster's nodes run in the bench's
+// process, as issue 22 measures them (in child processes the rates here
+// fell by a quarter, raw JetStream's too): its heap figures hold the nodes'
+// growth as well, and have no target.
 var durabilitySettings = []durabilitySetting{
 	{key: "default_sync", label: "default sync interval", opts: serverOptions{embeddedOnly: true, childServer: true}},
 	{key: "sync_always", label: "sync_interval always", opts: serverOptions{embeddedOnly: true, childServer: true, syncAlways: true,
 		topology: syncedTopology}, target: &Target{AtLeast: true, Value: 0.9}, heapTarget: syncedHeapTarget},
 	{key: "r3_sync_always", label: "3 nodes R3, sync_interval always", opts: serverOptions{embeddedOnly: true, syncAlways: true, nodes: 3,
-		topology: syncedTopology}, target: &Target{AtLeast: true, Value: 0.8}},
-	{key: "r3_default_sync", label: "3 nodes R3, default sync interval", opts: serverOptions{embeddedOnly: true, nodes: 3}},
+		topology: syncedTopology}, prefetch: clusterPrefetch, target: &Target{AtLeast: true, Value: 0.8}},
+	{key: "r3_default_sync", label: "3 nodes R3, default sync interval", opts: serverOptions{embeddedOnly: true, nodes: 3},
+		prefetch: clusterPrefetch},
 }
+
+// clusterPrefetch is the agents' agent.prefetch on the cluster: with the
+// bench's concurrency of 50 an agent then holds up to 500 jobs, as many as
+// nats.go's Consume asks for by default (PullMaxMessages).
+const clusterPrefetch = 450
 
 // syncedHeapTarget: with every write synced, jetfleet's clients' heap
 // grows at most 1.5× as much as raw JetStream's (issue 22).
@@ -141,7 +153,7 @@ func (b *bencher) durabilityRun(ctx context.Context, s durabilitySetting) (durab
 		return res, err
 	}
 	defer rs.close(ctx)
-	tp := &throughputRun{b: b, rs: rs, n: b.cfg.DurabilityJobs, payload: workload.Payload(b.cfg.PayloadSize), countWrites: true,
+	tp := &throughputRun{b: b, rs: rs, n: b.cfg.DurabilityJobs, payload: workload.Payload(b.cfg.PayloadSize), prefetch: s.prefetch, countWrites: true,
 		followHeap: true}
 	if s.opts.syncAlways {
 		tp.perJob = syncedPerJob

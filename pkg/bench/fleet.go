@@ -106,9 +106,9 @@ type agentFleet struct {
 	envs   []*service.Env
 }
 
-// newAgents builds k agents of concurrency c running handler for kind;
+// newAgents builds k agents of concurrency c (and prefetch) running handler for kind;
 // their ids are queue-name-<i>.
-func newAgents(rs *runServer, name, queue, kind string, k, c int, handler agent.Handler) (*agentFleet, error) {
+func newAgents(rs *runServer, name, queue, kind string, k, c, prefetch int, handler agent.Handler) (*agentFleet, error) {
 	f := &agentFleet{}
 	for i := range k {
 		id := fmt.Sprintf("%s-%s-%d", queue, name, i)
@@ -116,7 +116,7 @@ func newAgents(rs *runServer, name, queue, kind string, k, c int, handler agent.
 		if err != nil {
 			return nil, err
 		}
-		a, err := agent.New(env.Conn, agent.Config{ID: id, Queues: []string{queue}, Concurrency: c}, agent.WithEnv(env))
+		a, err := agent.New(env.Conn, agent.Config{ID: id, Queues: []string{queue}, Concurrency: c, Prefetch: prefetch}, agent.WithEnv(env))
 		if err != nil {
 			return nil, err
 		}

@@ -59,7 +59,7 @@ func (b *bencher) latency(ctx context.Context, run int) error {
 		entries.add(1)
 		return nil
 	}
-	fleet, err := newAgents(rs, "agent", queue, kindNoop, b.cfg.Agents, b.cfg.Concurrency, handler)
+	fleet, err := newAgents(rs, "agent", queue, kindNoop, b.cfg.Agents, b.cfg.Concurrency, b.cfg.Prefetch, handler)
 	if err != nil {
 		return err
 	}

@@ -119,7 +119,7 @@ func (b *bencher) highStream(ctx context.Context, rs *runServer, nc *nats.Conn, 
 	if _, err := js.PublishMsg(ctx, warm); err != nil {
 		return nil, 0, err
 	}
-	fleet, err := newAgents(rs, "agent", queue, kindNoop, b.cfg.Agents, b.cfg.Concurrency, handler)
+	fleet, err := newAgents(rs, "agent", queue, kindNoop, b.cfg.Agents, b.cfg.Concurrency, b.cfg.Prefetch, handler)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -65,7 +65,7 @@ func (b *bencher) rescue(ctx context.Context, run int) error {
 	}
 	// The victim holds every job until it dies.
 	held := &counter{n: int64(n), done: make(chan struct{})}
-	victim, err := newAgents(rs, "victim", queue, kindNoop, 1, n, func(ctx context.Context, _ *agent.Job) error {
+	victim, err := newAgents(rs, "victim", queue, kindNoop, 1, n, 0, func(ctx context.Context, _ *agent.Job) error {
 		held.add(1)
 		<-ctx.Done()
 		return ctx.Err()
@@ -101,7 +101,7 @@ func (b *bencher) rescue(ctx context.Context, run int) error {
 	running := &counter{n: int64(n), done: make(chan struct{})}
 	var seenMu sync.Mutex
 	seen := map[string]bool{}
-	survivor, err := newAgents(rs, "survivor", queue, kindNoop, 1, n, func(_ context.Context, job *agent.Job) error {
+	survivor, err := newAgents(rs, "survivor", queue, kindNoop, 1, n, 0, func(_ context.Context, job *agent.Job) error {
 		seenMu.Lock()
 		first := !seen[job.ID]
 		seen[job.ID] = true

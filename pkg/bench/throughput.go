@@ -44,7 +44,7 @@ func (b *bencher) throughput(ctx context.Context, run int) error {
 		return err
 	}
 	defer rs.close(ctx)
-	tp := &throughputRun{b: b, rs: rs, n: b.cfg.Jobs, payload: workload.Payload(b.cfg.PayloadSize)}
+	tp := &throughputRun{b: b, rs: rs, n: b.cfg.Jobs, payload: workload.Payload(b.cfg.PayloadSize), prefetch: b.cfg.Prefetch}
 	if err := tp.setup(); err != nil {
 		return err
 	}
@@ -177,6 +177,8 @@ type throughputRun struct {
 	// perJob is the time a phase allows per job beyond its first minute.
 	// Defaults to phaseTimeout's (2 ms).
 	perJob time.Duration
+	// prefetch is the agents' agent.prefetch.
+	prefetch int
 	// countWrites makes each phase tally the streams' writes per job into
 	// rawWrites and agentWrites (the durability scenario's figures).
 	countWrites            bool
@@ -331,7 +333,7 @@ func (tp *throughputRun) agentRate(ctx context.Context, queue string, produce bo
 	ctx, cancel := context.WithTimeout(ctx, tp.timeout())
 	defer cancel()
 	handled := &counter{n: int64(tp.n), done: make(chan struct{})}
-	fleet, err := newAgents(tp.rs, "agent", queue, kindNoop, tp.b.cfg.Agents, tp.b.cfg.Concurrency,
+	fleet, err := newAgents(tp.rs, "agent", queue, kindNoop, tp.b.cfg.Agents, tp.b.cfg.Concurrency, tp.prefetch,
 		func(context.Context, *agent.Job) error {
 			handled.add(1)
 			return nil

@@ -70,7 +70,7 @@ func (b *bencher) workflow(ctx context.Context, run int) error {
 		return err
 	}
 	defer func() { _ = sup.Stop(context.WithoutCancel(ctx)) }()
-	fleet, err := newAgents(rs, "agent", queue, kindNoop, b.cfg.Agents, b.cfg.Concurrency, handler)
+	fleet, err := newAgents(rs, "agent", queue, kindNoop, b.cfg.Agents, b.cfg.Concurrency, b.cfg.Prefetch, handler)
 	if err != nil {
 		return err
 	}

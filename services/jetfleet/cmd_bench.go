@@ -45,6 +45,7 @@ func addBenchFlags(fs *flag.FlagSet, def bench.Config) *benchFlags {
 	fs.IntVar(&cfg.Jobs, "jobs", def.Jobs, "throughput: no-op jobs per phase (N)")
 	fs.IntVar(&cfg.Agents, "agents", def.Agents, "throughput, latency: agents, each on its own connection (K); the raw baseline runs as many consumers")
 	fs.IntVar(&cfg.Concurrency, "concurrency", def.Concurrency, "throughput, latency: concurrency of each agent, and messages in flight per raw consumer (C)")
+	fs.IntVar(&cfg.Prefetch, "prefetch", def.Prefetch, "throughput, latency, delayed, priority, workflow: each agent's agent.prefetch, jobs pulled ahead of free slots (raw consumers pull up to C ahead in any case; durability sets its own)")
 	fs.IntVar(&cfg.PayloadSize, "payload-size", def.PayloadSize, "bytes of each job's JSON payload")
 	fs.IntVar(&cfg.Rate, "rate", def.Rate, "latency: offered load in jobs per second")
 	fs.DurationVar(&cfg.Duration, "duration", def.Duration, "latency: how long the load is offered")
