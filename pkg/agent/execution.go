@@ -172,8 +172,11 @@ func (a *Agent) process(q *queueState, msg *delivery, reserved bool) {
 // however often it is called). A job pulled ahead waits here as one waiting
 // for its kind's cap does: it keeps its delivery (kept alive by +WPI) and
 // its slot, and its attempt has not started. It returns at once when ctx
-// ends: the job is handed back or cancelled before it starts.
-func (a *Agent) takeHandler(ctx context.Context) (release func()) {
+// ends: the job is handed back or cancelled before it starts. A job whose
+// turn comes once a stopping agent hands its jobs back does not start
+// either: the handler whose end gave it the turn may have been handed back
+// before it.
+func (a *Agent) takeHandler(ctx context.Context, ex *execution) (release func()) {
 	if a.handlers == nil {
 		return func() {}
 	}
@@ -181,6 +184,9 @@ func (a *Agent) takeHandler(ctx context.Context) (release func()) {
 	case a.handlers <- struct{}{}:
 	case <-ctx.Done():
 		return func() {}
+	}
+	if a.releasing.Load() {
+		ex.cancel(errStopping)
 	}
 	released := false
 	return func() {
@@ -303,7 +309,7 @@ func (a *Agent) run(ctx context.Context, job *Job) error {
 		return a.refuse(ctx, ex, protocol.ReasonMaxAttempts, protocol.CodeAgentLost, lastErr)
 	}
 
-	releaseHandler := a.takeHandler(ctx)
+	releaseHandler := a.takeHandler(ctx, ex)
 	defer releaseHandler()
 	if k.sem != nil {
 		// The kind is capped: wait for its slot (the job keeps its agent slot
